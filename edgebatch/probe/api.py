@@ -1,0 +1,340 @@
+"""`edgebatch.probe(...)`: find a device's safe batch ceiling for a model and cache it.
+
+The recipe: resolve the device and budget; start a scout worker (it builds the model and traces the
+step); look for a cached profile; run the search (search.py decides, workers measure); summarise;
+write the profile atomically. The parent process never imports TensorFlow, so its own memory stays
+out of the measurement and a crashing trial cannot take the probe down.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from edgebatch.errors import ProbeError, UsageError
+from edgebatch.probe import summary
+from edgebatch.probe.budget import DeviceFacts, default_budget, device_facts, default_device
+from edgebatch.probe.search import Done, Outcome, Run, SearchConfig, Skip, next_step
+from edgebatch.probe.worker import Worker, WorkerSetup, start_worker
+from edgebatch.profiles import (
+    SCHEMA_VERSION,
+    DeviceProfile,
+    Trial,
+    device_fingerprint,
+    find_profile,
+    model_key,
+    resolve_profiles_dir,
+    save_profile,
+)
+from edgebatch.units import format_bytes, parse_size_bytes
+from edgebatch.zoo import OPTIMIZERS, PRECISIONS, parse_model_spec
+
+# Fresh workers run this many steps at a small batch before their trial, so the resident peak has
+# done its early climbing (FACTS.md) before the trial batch is measured.
+PREWARM_STEPS = 5
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    model: str = "mobilenet_v2"
+    device: str | None = None
+    memory_budget: str | int | None = None
+    precision: str = "float32"
+    optimizer: str = "adam"
+    start: int = 8
+    max_batch: int = 4096
+    multiple: int = 1
+    headroom: float = 0.10
+    steps_per_trial: int = 3
+    trial_seconds: float = 10.0
+    strategy: str = "slow_start"
+    worker_address_space_headroom_bytes: int | None = None
+
+    def validate(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown optimizer {self.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+        if not 0 <= self.headroom < 1:
+            raise UsageError(f"--headroom must be in [0, 1), got {self.headroom!r}")
+        if self.steps_per_trial < 1:
+            raise UsageError(f"--steps-per-trial must be >= 1, got {self.steps_per_trial!r}")
+        if self.max_batch < 1:
+            raise UsageError(f"--max-batch must be >= 1, got {self.max_batch!r}")
+        if self.trial_seconds <= 0:
+            raise UsageError(f"trial seconds must be positive, got {self.trial_seconds!r}")
+
+
+def probe(
+    model="mobilenet_v2",
+    *,
+    device: str | None = None,
+    memory_budget: str | int | None = None,
+    precision: str = "float32",
+    optimizer: str = "adam",
+    start: int = 8,
+    max_batch: int = 4096,
+    multiple: int = 1,
+    headroom: float = 0.10,
+    steps_per_trial: int = 3,
+    trial_seconds: float = 10.0,
+    strategy: str = "slow_start",
+    profiles_dir: str | Path | None = None,
+    force: bool = False,
+    save: bool = True,
+    progress: Progress | None = None,
+    worker_address_space_headroom_bytes: int | None = None,
+) -> DeviceProfile:
+    """Probe the largest safe training batch of `model` on `device` and return its DeviceProfile.
+
+    `model` is a built-in name, "FILE.py:FUNCTION", a ".keras" path, or a Keras model object (saved
+    to a temporary .keras file for the worker). A cached profile for the same device and model key
+    is returned unless `force`. See device_profiles/README.md for every field.
+    """
+    temp_model_file = None
+    if not isinstance(model, str):
+        temp_model_file = _save_model_object(model)
+        model = temp_model_file
+    request = ProbeRequest(
+        model=model,
+        device=device,
+        memory_budget=memory_budget,
+        precision=precision,
+        optimizer=optimizer,
+        start=start,
+        max_batch=max_batch,
+        multiple=multiple,
+        headroom=headroom,
+        steps_per_trial=steps_per_trial,
+        trial_seconds=trial_seconds,
+        strategy=strategy,
+        worker_address_space_headroom_bytes=worker_address_space_headroom_bytes,
+    )
+    try:
+        return run_probe(request, profiles_dir=profiles_dir, force=force, save=save, progress=progress or _silent)
+    finally:
+        if temp_model_file:
+            os.unlink(temp_model_file)
+
+
+def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=True, progress: Progress = print) -> DeviceProfile:
+    request.validate()
+    spec = parse_model_spec(request.model)
+    device = (request.device or default_device()).upper()
+    facts = device_facts(device)
+    if request.memory_budget is not None:
+        budget_bytes, budget_source = parse_size_bytes(request.memory_budget), "cli"
+    else:
+        budget_bytes, budget_source = default_budget(device)
+    config = SearchConfig(
+        budget_bytes=budget_bytes,
+        start_batch=request.start,
+        max_batch=request.max_batch,
+        multiple=request.multiple,
+        strategy=request.strategy,
+        refuse_predicted_over_budget=facts.kind == "CPU",
+    )
+    measure = "process_peak" if facts.kind == "CPU" else "allocator_peak"
+    setup = WorkerSetup(
+        model_spec=spec.text,
+        precision=request.precision,
+        optimizer=request.optimizer,
+        device=device,
+        steps_per_trial=request.steps_per_trial,
+        trial_seconds=request.trial_seconds,
+        address_space_headroom_bytes=request.worker_address_space_headroom_bytes,
+    )
+    started = time.monotonic()
+    progress(f"probing {spec.name} on {device} ({facts.description}), budget {format_bytes(budget_bytes)} ({budget_source})")
+    scout = start_worker(setup)
+    workers: list[Worker] = [scout]
+    try:
+        model_facts = scout.facts
+        key = model_key(
+            spec.name,
+            model_facts["config_hash"],
+            model_facts["inputs"],
+            request.precision,
+            request.optimizer,
+            model_facts["tensorflow"],
+        )
+        fingerprint = device_fingerprint(
+            facts.kind, facts.description, facts.cores, facts.memory_total_bytes, facts.driver_version
+        )
+        directory = resolve_profiles_dir(profiles_dir)
+        cached = None if force else find_profile(directory, fingerprint, key)
+        if cached is not None and _reusable(cached, request, budget_bytes):
+            progress(f"reusing cached profile {directory / cached.path_name} (use --force to probe again)")
+            return cached
+        progress(f"model {model_facts['name']}: {model_facts['parameters']:,} parameters, {model_facts['keras_flavor']}")
+        trials, final = _search(config, setup, workers, measure, progress)
+    finally:
+        for worker in workers:
+            worker.close()
+    if final.max_batch is None:
+        raise ProbeError(
+            f"no batch of {request.multiple} or more fits the budget of {format_bytes(budget_bytes)} on {device}: "
+            "raise --memory-budget, use a smaller model or input, or lower --multiple"
+        )
+    profile = _build_profile(
+        request, spec.name, device, facts, fingerprint, key, model_facts, budget_bytes, budget_source, measure,
+        trials, final.max_batch, time.monotonic() - started,
+    )
+    if save:
+        path = save_profile(profile, directory)
+        progress(f"saved {path}")
+    return profile
+
+
+def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], measure: str, progress: Progress):
+    outcomes: list[Outcome] = []
+    trials: list[Trial] = []
+    while True:
+        step = next_step(config, outcomes)
+        if isinstance(step, Done):
+            return trials, step
+        if isinstance(step, Skip):
+            outcomes.append(Outcome(step.batch, ran=False, peak_bytes=step.predicted_peak_bytes, measured=False))
+            trials.append(Trial(step.batch, False, "predicted_over_budget", step.predicted_peak_bytes, None, None, None, None, measured=False))
+            progress(f"  batch {step.batch:>6}  skipped: predicted peak {format_bytes(step.predicted_peak_bytes)} > budget")
+            continue
+        worker = _worker_for(step.batch, config, setup, workers)
+        reply = worker.run_trial(step.batch)
+        trial = _trial_from_reply(reply, measure, config.budget_bytes)
+        trials.append(trial)
+        outcomes.append(Outcome(trial.batch, ran=trial.ok or trial.error == "over_budget", peak_bytes=trial.peak_bytes))
+        progress(_trial_line(trial))
+
+
+def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: list[Worker]) -> Worker:
+    """The live worker whose readings stay right at `batch`, or a fresh one (see worker.py)."""
+    for worker in reversed(workers):
+        if worker.can_run(batch):
+            return worker
+    prewarm = max(1, min(config.start_batch, batch // 2))
+    fresh = start_worker(
+        WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": PREWARM_STEPS})
+    )
+    workers.append(fresh)
+    return fresh
+
+
+def _trial_from_reply(reply: dict, measure: str, budget_bytes: int) -> Trial:
+    if not reply.get("ok"):
+        return Trial(reply["batch"], False, reply.get("error") or "oom", None, None, None, None, None)
+    peak = reply["process_peak_bytes"] if measure == "process_peak" else reply["allocator_peak_bytes"]
+    fits = peak is not None and peak <= budget_bytes
+    return Trial(
+        batch=reply["batch"],
+        ok=fits,
+        error=None if fits else "over_budget",
+        peak_bytes=peak,
+        process_peak_bytes=reply.get("process_peak_bytes"),
+        allocator_peak_bytes=reply.get("allocator_peak_bytes"),
+        step_seconds=reply.get("step_seconds"),
+        samples_per_second=reply.get("samples_per_second"),
+    )
+
+
+def _trial_line(trial: Trial) -> str:
+    if trial.peak_bytes is None:
+        return f"  batch {trial.batch:>6}  {trial.error.upper().replace('_', ' ')}"
+    status = "ok" if trial.ok else "OVER BUDGET"
+    return (
+        f"  batch {trial.batch:>6}  {status:<11} peak {format_bytes(trial.peak_bytes):>11}  "
+        f"{trial.samples_per_second:8.1f} samples/s"
+    )
+
+
+def _reusable(cached: DeviceProfile, request: ProbeRequest, budget_bytes: int) -> bool:
+    """A cached profile answers an explicit budget only if it was probed under (nearly) that budget."""
+    if request.memory_budget is None:
+        return True
+    return abs(cached.budget_bytes - budget_bytes) <= 0.01 * budget_bytes
+
+
+def _build_profile(request, name, device, facts: DeviceFacts, fingerprint, key, model_facts, budget_bytes,
+                   budget_source, measure, trials, max_batch, probe_seconds) -> DeviceProfile:
+    model = summary.memory_model_of(trials)
+    safe = summary.safe_batch_of(trials, budget_bytes, request.headroom, request.multiple, model)
+    predicted = model.batch_for_bytes(budget_bytes) if model is not None and model.per_sample_bytes > 0 else None
+    return DeviceProfile(
+        schema_version=SCHEMA_VERSION,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        versions={
+            "edgebatch": _version("edgebatch"),
+            "tensorflow": model_facts["tensorflow"],
+            "keras": _version("keras"),
+            "python": platform.python_version(),
+        },
+        device={
+            "fingerprint": fingerprint,
+            "kind": facts.kind,
+            "tf_device": device,
+            "description": facts.description,
+            "cores": facts.cores,
+            "memory_total_bytes": facts.memory_total_bytes,
+            "driver_version": facts.driver_version,
+            "compute_capability": facts.compute_capability,
+        },
+        model={
+            "key": key,
+            "name": name,
+            "config_hash": model_facts["config_hash"],
+            "inputs": model_facts["inputs"],
+            "precision": request.precision,
+            "optimizer": request.optimizer,
+            "parameters": model_facts["parameters"],
+            "keras_flavor": model_facts["keras_flavor"],
+        },
+        budget_bytes=budget_bytes,
+        budget_source=budget_source,
+        measure=measure,
+        headroom=request.headroom,
+        max_batch=max_batch,
+        safe_batch=safe or max(request.multiple, int(max_batch * (1 - request.headroom)) // request.multiple * request.multiple),
+        throughput_knee=summary.throughput_knee_of(trials, budget_bytes),
+        memory_model=model,
+        predicted_ceiling=predicted,
+        trials=tuple(trials),
+        probe_seconds=round(probe_seconds, 2),
+        search={
+            "strategy": request.strategy,
+            "start": request.start,
+            "multiple": request.multiple,
+            "max_batch_limit": request.max_batch,
+            "steps_per_trial": request.steps_per_trial,
+            "trial_seconds": request.trial_seconds,
+        },
+    )
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _save_model_object(model) -> str:
+    import tempfile
+
+    handle, path = tempfile.mkstemp(suffix=".keras", prefix="edgebatch-model-")
+    os.close(handle)
+    model.save(path)
+    return path
+
+
+def _silent(message: str) -> None:
+    del message
+
+
+__all__ = ["probe", "run_probe", "ProbeRequest"]

@@ -1,0 +1,240 @@
+"""One probe trial: a few real training steps at batch B on synthetic data, with memory readings.
+
+This is the TensorFlow side of the probe and runs inside a worker process (see worker.py). The
+step is traced once with the batch dimension None (FACTS.md: no retrace across batch sizes), so a
+trial costs its steps, not a trace.
+"""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+import time
+from dataclasses import dataclass
+
+from edgebatch.errors import UsageError
+from edgebatch.sensors import (
+    process_peak_rss_bytes,
+    read_allocator,
+    reset_allocator_peak,
+    reset_process_peak_rss,
+)
+
+DEFAULT_VOCABULARY = 1000
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    shape: tuple[int, ...]  # without the batch dimension
+    dtype: str
+    vocabulary: int | None = None  # integer inputs: token ids are drawn from [0, vocabulary)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    kind: str  # "classification" | "binary" | "regression"
+    shape: tuple[int, ...]
+    classes: int | None
+    from_logits: bool
+
+
+def is_oom_error(error: BaseException) -> bool:
+    """A real out-of-memory: TensorFlow's ResourceExhaustedError or Python's MemoryError."""
+    import tensorflow as tf
+
+    return isinstance(error, (tf.errors.ResourceExhaustedError, MemoryError))
+
+
+class TrialRunner:
+    """Builds the training step for a model once and runs trials at any batch size."""
+
+    def __init__(self, model, *, optimizer: str = "adam", device: str = "CPU:0"):
+        import tensorflow as tf
+
+        from edgebatch.zoo import keras_flavor
+
+        self.model = model
+        self.device = device
+        self.flavor = keras_flavor(model)
+        self.keras = importlib.import_module("tf_keras" if self.flavor == "tf_keras" else "keras")
+        self.inputs = input_specs(model)
+        self.target = target_spec(model)
+        self.optimizer_name = optimizer
+        self.optimizer = make_optimizer(self.keras, optimizer)
+        self.loss = make_loss(self.keras, self.target)
+        self.trace_count = 0
+        with tf.device(device):
+            self.optimizer.build(model.trainable_variables)
+        self._step = self._build_step()
+
+    def _build_step(self):
+        import tensorflow as tf
+
+        model, optimizer, loss_fn = self.model, self.optimizer, self.loss
+        x_signature = tuple(tf.TensorSpec((None, *spec.shape), spec.dtype) for spec in self.inputs)
+        y_dtype = "int32" if self.target.kind == "classification" else "float32"
+        y_signature = tf.TensorSpec((None, *self.target.shape), y_dtype)
+        single_input = len(self.inputs) == 1
+
+        @tf.function(input_signature=[x_signature, y_signature])
+        def train_step(x, y):
+            self.trace_count += 1  # runs only while tracing
+            with tf.GradientTape() as tape:
+                outputs = model(x[0] if single_input else list(x), training=True)
+                loss = loss_fn(y, tf.cast(outputs, tf.float32))
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        return train_step
+
+    def make_batch(self, batch: int):
+        import tensorflow as tf
+
+        x = []
+        for spec in self.inputs:
+            if spec.dtype.startswith("int"):
+                x.append(tf.random.uniform((batch, *spec.shape), 0, spec.vocabulary or DEFAULT_VOCABULARY, dtype=spec.dtype))
+            else:
+                x.append(tf.random.uniform((batch, *spec.shape), dtype=spec.dtype))
+        target = self.target
+        if target.kind == "classification":
+            y = tf.random.uniform((batch, *target.shape), 0, target.classes, dtype="int32")
+        elif target.kind == "binary":
+            y = tf.cast(tf.random.uniform((batch, *target.shape)) > 0.5, "float32")
+        else:
+            y = tf.random.normal((batch, *target.shape))
+        return tuple(x), y
+
+    def run_steps(self, batch: int, steps: int) -> list[float]:
+        """Run `steps` training steps at `batch`; return each step's seconds. OOM errors propagate."""
+        import tensorflow as tf
+
+        with tf.device(self.device):
+            x, y = self.make_batch(batch)
+            seconds = []
+            for _ in range(steps):
+                started = time.perf_counter()
+                self._step(x, y).numpy()  # .numpy() waits for the step to finish
+                seconds.append(time.perf_counter() - started)
+        return seconds
+
+    def run_trial(self, batch: int, steps: int, trial_seconds: float) -> dict:
+        """One trial: a warm-up step, then up to `steps` timed steps, with peak memory readings.
+
+        Timed steps stop early once they have taken `trial_seconds` (at least one runs). When the
+        warm-up step alone takes longer than `trial_seconds`, it is the timing: at such batches the
+        first-call overhead (about a second on CPU) is small beside the step itself, and another
+        step would double the cost of the probe's most expensive trials.
+        """
+        import tensorflow as tf
+
+        reset_process_peak_rss()
+        reset_allocator_peak(self.device)
+        try:
+            with tf.device(self.device):
+                x, y = self.make_batch(batch)
+                started = time.perf_counter()
+                self._step(x, y).numpy()
+                warmup_seconds = time.perf_counter() - started
+                timings = [warmup_seconds] if warmup_seconds >= trial_seconds else []
+                while len(timings) < steps and sum(timings) < trial_seconds or not timings:
+                    started = time.perf_counter()
+                    self._step(x, y).numpy()
+                    timings.append(time.perf_counter() - started)
+        except Exception as error:  # noqa: BLE001 - OOMs are outcomes; the caller re-raises others
+            if is_oom_error(error):
+                return {"batch": batch, "ok": False, "error": "oom", "detail": str(error).splitlines()[0][:300]}
+            raise
+        allocator = read_allocator(self.device)
+        step_seconds = statistics.median(timings)
+        return {
+            "batch": batch,
+            "ok": True,
+            "error": None,
+            "allocator_peak_bytes": allocator.peak_bytes if allocator else None,
+            "process_peak_bytes": process_peak_rss_bytes() if self.device.upper().startswith("CPU") else None,
+            "step_seconds": step_seconds,
+            "samples_per_second": batch / step_seconds,
+            "timed_steps": len(timings),
+        }
+
+    def model_facts(self) -> dict:
+        from edgebatch.profiles.fingerprint import config_hash
+
+        return {
+            "name": self.model.name,
+            "config_hash": config_hash(architecture_description(self.model)),
+            "inputs": [{"shape": list(spec.shape), "dtype": spec.dtype} for spec in self.inputs],
+            "parameters": int(sum(int(_size(v.shape)) for v in self.model.trainable_variables)),
+            "keras_flavor": self.flavor,
+        }
+
+
+def _size(shape) -> int:
+    total = 1
+    for dim in shape:
+        total *= int(dim)
+    return total
+
+
+def architecture_description(model) -> object:
+    """What identifies the architecture: Keras's config when it has one, else layer types and weight shapes."""
+    try:
+        return model.get_config()
+    except Exception:  # noqa: BLE001 - subclassed models often cannot give a config
+        return [(type(layer).__name__, [list(w.shape) for w in layer.weights]) for layer in model.layers]
+
+
+def _walk_layers(model):
+    for layer in getattr(model, "layers", []):
+        yield layer
+        if hasattr(layer, "layers"):
+            yield from _walk_layers(layer)
+
+
+def input_specs(model) -> list[InputSpec]:
+    vocabulary = next(
+        (int(layer.input_dim) for layer in _walk_layers(model) if type(layer).__name__ == "Embedding"), None
+    )
+    specs = []
+    for tensor in model.inputs:
+        shape = tuple(tensor.shape[1:])
+        if any(dim is None for dim in shape):
+            raise UsageError(
+                f"model input {getattr(tensor, 'name', '?')!r} has shape {tuple(tensor.shape)}: the probe needs every "
+                "dimension but the batch fixed (build the model with a concrete input shape)"
+            )
+        dtype = tensor.dtype if isinstance(tensor.dtype, str) else tensor.dtype.name
+        specs.append(InputSpec(tuple(int(d) for d in shape), dtype, vocabulary if dtype.startswith("int") else None))
+    return specs
+
+
+def target_spec(model) -> TargetSpec:
+    if len(model.outputs) != 1:
+        raise UsageError(f"model has {len(model.outputs)} outputs: the probe supports single-output models")
+    shape = tuple(int(d) for d in model.outputs[0].shape[1:])
+    activation = getattr(getattr(model.layers[-1], "activation", None), "__name__", "linear")
+    width = shape[-1] if shape else 1
+    if width > 1 and len(shape) == 1:
+        return TargetSpec("classification", (), width, from_logits=activation != "softmax")
+    if width == 1 and activation == "sigmoid":
+        return TargetSpec("binary", shape, None, from_logits=False)
+    return TargetSpec("regression", shape, None, from_logits=False)
+
+
+def make_optimizer(keras_module, name: str):
+    if name == "adam":
+        return keras_module.optimizers.Adam(learning_rate=1e-3)
+    if name == "sgd":
+        return keras_module.optimizers.SGD(learning_rate=1e-2)
+    raise UsageError(f"unknown optimizer {name!r}: choose adam or sgd")
+
+
+def make_loss(keras_module, target: TargetSpec):
+    losses = keras_module.losses
+    if target.kind == "classification":
+        return losses.SparseCategoricalCrossentropy(from_logits=target.from_logits)
+    if target.kind == "binary":
+        return losses.BinaryCrossentropy(from_logits=target.from_logits)
+    return losses.MeanSquaredError()
