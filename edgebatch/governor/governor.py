@@ -1,0 +1,148 @@
+"""The stateful wrapper the training loop holds: `Governor.observe` applies `policy.step`.
+
+It adds what a loop needs around the pure core: the current decision, a history of every change
+(for logs, TensorBoard and the run report), checkpointing, and construction from a device profile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from edgebatch.governor.policy import (
+    Decision,
+    GovernorConfig,
+    GovernorConfigError,
+    GovernorState,
+    Observation,
+    decision_for,
+    initial_state,
+    step,
+)
+from edgebatch.governor.sizes import legal_at_most
+
+__all__ = ["Governor"]
+
+STATE_DICT_VERSION = 1
+
+
+class Governor:
+    """Holds a GovernorConfig, the current GovernorState and Decision, and the change history.
+
+    `history` lists one dict per changed (or exhausted) decision: update, reason, micro_batch,
+    accumulation_steps, effective_batch, lr_scale, pressure, oom.
+    """
+
+    def __init__(self, config: GovernorConfig, start_micro_batch: int | None = None) -> None:
+        if not isinstance(config, GovernorConfig):
+            raise GovernorConfigError(f"config must be a GovernorConfig, got {config!r}")
+        self.config = config
+        self.reset(start_micro_batch)
+
+    def reset(self, start_micro_batch: int | None = None) -> None:
+        """Start over (a new fit): fresh state, empty history, no remembered memory reading."""
+        self.state: GovernorState = initial_state(self.config, start_micro_batch)
+        self.decision: Decision = decision_for(self.config, self.state)
+        self.history: list[dict[str, Any]] = []
+        # The last limit/used bytes seen, so an OOM (reported without a reading) can still use the
+        # memory model; a stale reading can only lower an OOM shrink further, never raise it.
+        self._last_limit_bytes: int | None = None
+        self._last_used_bytes: int | None = None
+
+    def observe(self, observation: Observation) -> Decision:
+        """Apply one observation (one per optimizer update, or an OOM at any time); return the decision."""
+        if observation.limit_bytes is not None and observation.used_bytes is not None:
+            self._last_limit_bytes = observation.limit_bytes
+            self._last_used_bytes = observation.used_bytes
+        self.state, self.decision = step(self.config, self.state, observation)
+        if self.decision.changed or self.decision.exhausted:
+            entry = _history_entry(self.state.updates, self.decision, observation.pressure, observation.oom)
+            self.history.append(entry)
+        return self.decision
+
+    def on_oom(self, micro_batch: int, *, limit_bytes: int | None = None, used_bytes: int | None = None) -> Decision:
+        """A micro-batch of `micro_batch` examples ran out of memory: shrink now.
+
+        Uses the last memory reading observed unless `limit_bytes`/`used_bytes` are given. Check
+        `decision.exhausted`: True means even the smallest micro-batch failed.
+        """
+        if limit_bytes is None or used_bytes is None:
+            limit_bytes, used_bytes = self._last_limit_bytes, self._last_used_bytes
+        observation = Observation(
+            pressure=None, oom=True, micro_batch=micro_batch, limit_bytes=limit_bytes, used_bytes=used_bytes
+        )
+        return self.observe(observation)
+
+    def state_dict(self) -> dict:
+        """JSON-able snapshot for a checkpoint: state, history and the config it ran under."""
+        return {
+            "version": STATE_DICT_VERSION,
+            "config": dataclasses.asdict(self.config),
+            "state": self.state.to_dict(),
+            "history": [dict(entry) for entry in self.history],
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        """Restore a `state_dict` under this governor's config (which may differ: a resumed run).
+
+        A micro-batch that is not legal under the current config (say, resumed on a smaller device)
+        is lowered to the largest legal size below it; that counts as a change and starts the cooldown.
+        """
+        if not isinstance(d, dict) or "state" not in d:
+            raise ValueError(f"governor state_dict must be a dict with a 'state' key, got {d!r}")
+        if d.get("version", STATE_DICT_VERSION) > STATE_DICT_VERSION:
+            raise ValueError(f"governor state_dict version {d['version']!r} is newer than {STATE_DICT_VERSION}")
+        state = GovernorState.from_dict(d["state"])
+        history = list(d.get("history", []))
+        saved = state.micro_batch
+        fitted = min(max(legal_at_most(saved, self.config.multiple), self.config.lower_batch), self.config.upper_batch)
+        if fitted != saved:
+            reason = f"resume: {saved} -> {fitted} (allowed {self.config.lower_batch}..{self.config.upper_batch})"
+            state = dataclasses.replace(
+                state, micro_batch=fitted, calm_streak=0, cooldown_left=self.config.cooldown_updates, last_reason=reason
+            )
+            decision = dataclasses.replace(decision_for(self.config, state), reason=reason, changed=True)
+            history.append(_history_entry(state.updates, decision, pressure=None, oom=False))
+        else:
+            decision = decision_for(self.config, state)
+        self.state, self.decision, self.history = state, decision, history
+
+    @classmethod
+    def from_profile(
+        cls, profile: Any, effective_batch: int, *, use_max_batch: bool = False, **config_overrides: Any
+    ) -> Governor:
+        """A governor for `profile` (duck-typed DeviceProfile) training with `effective_batch`.
+
+        Ceiling: profile.safe_batch (profile.max_batch with use_max_batch); memory model from
+        profile.memory_model when it has one. Start micro-batch = min(effective_batch, ceiling).
+        `config_overrides` are GovernorConfig fields and win over what the profile says.
+        """
+        ceiling = profile.max_batch if use_max_batch else profile.safe_batch
+        if ceiling is None:
+            which = "max_batch" if use_max_batch else "safe_batch"
+            raise GovernorConfigError(f"profile has no {which} to use as the ceiling, got {ceiling!r}")
+        settings: dict[str, Any] = {"ceiling_batch": ceiling, "effective_batch": effective_batch}
+        memory_model = getattr(profile, "memory_model", None)
+        per_sample = getattr(memory_model, "per_sample_bytes", None)
+        # A line that does not grow with batch cannot size anything (GovernorConfig refuses it). A
+        # least-squares intercept can come out slightly negative; 0 is the conservative reading.
+        if memory_model is not None and per_sample is not None and per_sample > 0:
+            settings["fixed_bytes"] = max(0.0, float(memory_model.fixed_bytes))
+            settings["per_sample_bytes"] = float(per_sample)
+        settings.update(config_overrides)
+        config = GovernorConfig(**settings)
+        start = min(config.effective_batch, config.ceiling_batch)
+        return cls(config, start_micro_batch=max(start, config.min_batch))
+
+
+def _history_entry(update: int, decision: Decision, pressure: float | None, oom: bool) -> dict[str, Any]:
+    return {
+        "update": update,
+        "reason": decision.reason,
+        "micro_batch": decision.micro_batch,
+        "accumulation_steps": decision.accumulation_steps,
+        "effective_batch": decision.effective_batch,
+        "lr_scale": decision.lr_scale,
+        "pressure": pressure,
+        "oom": oom,
+    }

@@ -1,0 +1,112 @@
+"""The governor policy's inputs beyond plain pressure: the memory model, slow steps and PSI.
+One transition at a time, fields asserted by name."""
+
+import dataclasses
+
+import pytest
+
+from edgebatch.governor.policy import GovernorConfig, Observation, initial_state, model_fit_batch, step
+
+MiB = 1024 * 1024
+
+
+def config(**overrides):
+    settings = {"ceiling_batch": 64, "effective_batch": 64}
+    settings.update(overrides)
+    return GovernorConfig(**settings)
+
+
+def state_at(cfg, micro_batch, **fields):
+    return dataclasses.replace(initial_state(cfg), micro_batch=micro_batch, **fields)
+
+
+# --- model-predictive sizing ------------------------------------------------------------------
+
+
+def test_model_fit_batch_is_the_largest_batch_under_target():
+    cfg = config(fixed_bytes=849 * MiB, per_sample_bytes=11.6 * MiB)
+    fit = model_fit_batch(cfg, limit_bytes=4096 * MiB, used_bytes=1000 * MiB)
+    room = 0.8 * 4096 * MiB - 1000 * MiB
+    assert cfg.fixed_bytes + cfg.per_sample_bytes * fit <= room < cfg.fixed_bytes + cfg.per_sample_bytes * (fit + 1)
+    assert model_fit_batch(cfg, 4096 * MiB, None) is None
+    assert model_fit_batch(config(), 4096 * MiB, 0) is None
+
+
+def test_pressure_shrink_picks_the_model_fit_instead_of_halving():
+    cfg = config(fixed_bytes=100 * MiB, per_sample_bytes=10 * MiB)
+    observation = Observation(pressure=0.93, limit_bytes=1000 * MiB, used_bytes=200 * MiB)  # fits 50
+    _, decision = step(cfg, state_at(cfg, 64), observation)
+    assert decision.micro_batch == 50 and decision.reason == "pressure 0.93 > 0.90: 64 -> 50 (model fits 50)"
+
+
+def test_pressure_shrink_with_model_stays_within_the_shrink_factor():
+    cfg = config(fixed_bytes=100 * MiB, per_sample_bytes=10 * MiB)
+    observation = Observation(pressure=0.93, limit_bytes=1000 * MiB, used_bytes=600 * MiB)  # fits 10
+    assert step(cfg, state_at(cfg, 64), observation)[1].micro_batch == 32
+
+
+def test_pressure_that_the_model_attributes_to_our_own_cache_does_not_shrink():
+    cfg = config(fixed_bytes=100 * MiB, per_sample_bytes=1 * MiB)
+    observation = Observation(pressure=0.95, limit_bytes=1000 * MiB, used_bytes=0)  # fits 700
+    state, decision = step(cfg, state_at(cfg, 64, calm_streak=3), observation)
+    assert not decision.changed and decision.micro_batch == 64
+    assert state.calm_streak == 0 and state.cooldown_left == 0
+    # the same reading without the byte counts: halve
+    assert step(cfg, state_at(cfg, 64), Observation(pressure=0.95))[1].micro_batch == 32
+
+
+def test_growth_stops_at_the_model_fit():
+    cfg = config(ceiling_batch=256, effective_batch=256, fixed_bytes=100 * MiB, per_sample_bytes=10 * MiB)
+    observation = Observation(pressure=0.3, limit_bytes=1000 * MiB, used_bytes=200 * MiB)  # fits 50
+    _, decision = step(cfg, state_at(cfg, 32, calm_streak=4), observation)
+    assert decision.micro_batch == 50
+    state, decision = step(cfg, state_at(cfg, 50, calm_streak=4), observation)
+    assert not decision.changed and state.calm_streak == 5
+
+
+# --- slow steps and PSI -----------------------------------------------------------------------
+
+
+def test_a_slow_step_counts_as_pressure():
+    cfg = config(slow_step_factor=2.0)
+    history = ((64, 1.0), (64, 1.1), (32, 9.0), (64, 0.9))
+    state = state_at(cfg, 64, recent_step_seconds=history)
+    _, decision = step(cfg, state, Observation(pressure=0.5, step_seconds=3.1, micro_batch=64))
+    assert decision.micro_batch == 32 and decision.reason == "slow step 3.1x median: 64 -> 32"
+
+
+def test_a_step_within_the_factor_is_not_slow_and_joins_the_history():
+    cfg = config(slow_step_factor=2.0)
+    state = state_at(cfg, 64, recent_step_seconds=((64, 1.0), (64, 1.1), (64, 0.9)))
+    state, decision = step(cfg, state, Observation(pressure=0.5, step_seconds=1.9, micro_batch=64))
+    assert not decision.changed and state.recent_step_seconds[-1] == (64, 1.9)
+
+
+def test_slow_step_needs_three_samples_at_the_same_size():
+    cfg = config()
+    state = state_at(cfg, 64, recent_step_seconds=((64, 1.0), (64, 1.0), (32, 0.5), (32, 0.5), (32, 0.5)))
+    _, decision = step(cfg, state, Observation(pressure=0.5, step_seconds=10.0, micro_batch=64))
+    assert not decision.changed
+
+
+def test_step_history_is_bounded_by_the_window():
+    cfg = config(slow_step_window=4)
+    state = initial_state(cfg)
+    for seconds in (1.0, 1.1, 1.2, 1.3, 1.4, 1.5):
+        state, _ = step(cfg, state, Observation(pressure=None, step_seconds=seconds, micro_batch=64))
+    assert state.recent_step_seconds == ((64, 1.2), (64, 1.3), (64, 1.4), (64, 1.5))
+
+
+@pytest.mark.parametrize("psi, shrinks", [(9.9, False), (10.0, True), (35.0, True)])
+def test_psi_at_or_above_threshold_counts_as_pressure(psi, shrinks):
+    cfg = config()
+    _, decision = step(cfg, state_at(cfg, 64), Observation(pressure=0.5, psi_some_avg10=psi))
+    assert decision.changed is shrinks
+    if shrinks:
+        assert decision.reason.startswith(f"psi some_avg10 {psi:.1f}% >= 10.0%")
+
+
+def test_psi_pressure_resets_the_calm_streak_even_without_a_reading():
+    cfg = config(min_batch=64)
+    state, _ = step(cfg, state_at(cfg, 64, calm_streak=3), Observation(pressure=None, psi_some_avg10=20.0))
+    assert state.calm_streak == 0
