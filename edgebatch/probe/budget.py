@@ -41,13 +41,7 @@ def device_facts(device: str) -> DeviceFacts:
 
         host = read_host_memory()
         return DeviceFacts("CPU", index, cpu_model_name(), os.cpu_count(), host.total_bytes)
-    from edgebatch.sensors import list_gpus
-
-    gpus = {gpu.index: gpu for gpu in list_gpus()}
-    if index not in gpus:
-        found = ", ".join(f"GPU:{i}" for i in sorted(gpus)) or "none"
-        raise UsageError(f"device {device!r} not found (GPUs seen by NVML: {found}); use --device CPU:0")
-    gpu = gpus[index]
+    gpu = _visible_gpu(index, device)
     return DeviceFacts("GPU", index, gpu.name, None, gpu.total_bytes, gpu.driver_version, gpu.compute_capability)
 
 
@@ -69,7 +63,19 @@ def default_budget(device: str) -> tuple[int, str]:
         return room, source
     from edgebatch.sensors import read_gpu_memory
 
-    memory = read_gpu_memory(index)
+    memory = read_gpu_memory(_visible_gpu(index, device).index)
     if memory is None:
         raise ProbeError(f"cannot read the memory of {device} through NVML: pass --memory-budget explicitly")
     return memory.free_bytes, "nvml_free"
+
+
+def _visible_gpu(index: int, device: str):
+    """NVML's record of TensorFlow's GPU:index (CUDA_VISIBLE_DEVICES renumbers GPUs)."""
+    from edgebatch.sensors import list_gpus, visible_nvml_indices
+
+    gpus = list_gpus()
+    visible = visible_nvml_indices(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if index >= len(visible):
+        found = ", ".join(f"GPU:{i}" for i in range(len(visible))) or "none"
+        raise UsageError(f"device {device!r} not found (GPUs visible: {found}); use --device CPU:0")
+    return next(gpu for gpu in gpus if gpu.index == visible[index])

@@ -1,0 +1,30 @@
+"""edgebatch: make TensorFlow training fit the device it runs on.
+
+    probe(...)          find a device's safe batch ceiling for a model; cached as a DeviceProfile
+    load_profile(...)   read a cached profile
+    Governor            keep micro-batches under that ceiling and live memory pressure
+    fit(...)            governed training with gradient accumulation and OOM recovery
+
+Importing edgebatch imports neither TensorFlow nor tensorflow-model-optimization; the pieces that
+need TensorFlow import it when called.
+"""
+
+from edgebatch.errors import EdgebatchError, ProbeError, ProfileError, TrainingError, UsageError
+from edgebatch.probe import probe
+from edgebatch.profiles import DeviceProfile, MemoryModel, Trial, load_profile, save_profile
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeviceProfile",
+    "EdgebatchError",
+    "MemoryModel",
+    "ProbeError",
+    "ProfileError",
+    "TrainingError",
+    "Trial",
+    "UsageError",
+    "load_profile",
+    "probe",
+    "save_profile",
+]

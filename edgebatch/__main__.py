@@ -1,0 +1,5 @@
+"""`python -m edgebatch` is the `edgebatch` command."""
+
+from edgebatch.cli import main
+
+main()

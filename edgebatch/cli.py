@@ -1,0 +1,228 @@
+"""The `edgebatch` command. Thin: parse, call one library function, print text or --json.
+
+Nothing here imports TensorFlow at module level, so `edgebatch --help` is instant; probes run
+TensorFlow in worker processes anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from edgebatch.errors import EdgebatchError, UsageError
+from edgebatch.units import format_bytes
+from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZERS, PRECISIONS
+
+
+def _handle_errors(function):
+    """Library errors become one line and the right exit code (2 usage, 1 runtime), no traceback."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except UsageError as error:
+            raise click.UsageError(str(error)) from None
+        except EdgebatchError as error:
+            exception = click.ClickException(str(error))
+            exception.exit_code = error.exit_code
+            raise exception from None
+        except KeyboardInterrupt:
+            click.echo("edgebatch: interrupted; nothing was written", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def _echo_err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgebatch")
+def main() -> None:
+    """Make TensorFlow training fit the device it runs on.
+
+    \b
+    edgebatch devices                 what memory and accelerators this machine has
+    edgebatch probe                   find the largest safe batch (MobileNetV2 by default)
+    edgebatch profile list            the cached device profiles
+    """
+
+
+@main.command()
+@click.option("--model", "model_spec", default="mobilenet_v2", show_default=True, metavar="SPEC",
+              help="Built-in model (" + ", ".join(sorted(BUILTIN_MODELS)) + "), FILE.py:FUNCTION returning an "
+                   "uncompiled Keras model, or a .keras file.")
+@click.option("--memory-budget", default=None, metavar="SIZE",
+              help="Memory the training process may use, e.g. 1.5GiB, 512MiB, 2GB or bytes. Default: on CPU the "
+                   "smaller of available RAM and the cgroup room; on GPU NVML's free memory.")
+@click.option("--device", default=None, metavar="CPU:0|GPU:N", help="Device to probe. Default: GPU:0 if NVML sees one, else CPU:0.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True, help="Keras dtype policy.")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", show_default=True,
+              help="Optimizer whose state the probe includes in memory.")
+@click.option("--start", type=click.IntRange(min=1), default=8, show_default=True, help="First batch size tried.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=4096, show_default=True, help="Never try a batch above this.")
+@click.option("--multiple", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Batch sizes are multiples of this (e.g. 8, or the replica count).")
+@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.10, show_default=True,
+              help="safe_batch fits budget x (1 - headroom).")
+@click.option("--steps-per-trial", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed training steps per trial, after one warm-up step.")
+@click.option("--trial-seconds", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Stop a trial's timed steps after this long (at least one step runs).")
+@click.option("--strategy", type=click.Choice(["slow_start", "binsearch", "power"]), default="slow_start", show_default=True,
+              help="Search strategy; binsearch and power are the classic baselines.")
+@click.option("--profiles-dir", default=None, metavar="DIR",
+              help="Where profiles live. Default: $EDGEBATCH_PROFILES, else ./device_profiles.")
+@click.option("--force", is_flag=True, help="Probe again even if a matching profile is cached.")
+@click.option("--no-save", is_flag=True, help="Do not write the profile.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the profile JSON on stdout.")
+@_handle_errors
+def probe(model_spec, memory_budget, device, precision, optimizer, start, max_batch, multiple, headroom,
+          steps_per_trial, trial_seconds, strategy, profiles_dir, force, no_save, as_json):
+    """Find the largest training batch that fits, and cache it as a device profile."""
+    from edgebatch.probe import probe as run
+
+    profile = run(
+        model_spec,
+        device=device,
+        memory_budget=memory_budget,
+        precision=precision,
+        optimizer=optimizer,
+        start=start,
+        max_batch=max_batch,
+        multiple=multiple,
+        headroom=headroom,
+        steps_per_trial=steps_per_trial,
+        trial_seconds=trial_seconds,
+        strategy=strategy,
+        profiles_dir=profiles_dir,
+        force=force,
+        save=not no_save,
+        progress=_echo_err,
+    )
+    if as_json:
+        click.echo(json.dumps(profile.to_dict(), indent=2))
+    else:
+        click.echo(format_profile(profile))
+
+
+def format_profile(profile) -> str:
+    """The end-of-probe summary: the answer first, then every trial."""
+    model = profile.memory_model
+    lines = [
+        f"{profile.model['name']} on {profile.device['tf_device']} ({profile.device['description']})",
+        f"  budget            {format_bytes(profile.budget_bytes)} ({profile.budget_source}, measure: {profile.measure})",
+        f"  max_batch         {profile.max_batch}",
+        f"  safe_batch        {profile.safe_batch}   (headroom {profile.headroom:.0%})",
+        f"  throughput_knee   {profile.throughput_knee}",
+    ]
+    if model is not None:
+        lines.append(
+            f"  memory model      {format_bytes(model.fixed_bytes)} + {format_bytes(model.per_sample_bytes)}/sample "
+            f"(r2 {model.r2:.4f}), predicted ceiling {profile.predicted_ceiling}"
+        )
+    ran = sum(1 for trial in profile.trials if trial.measured)
+    lines.append(f"  trials            {ran} run, {len(profile.trials) - ran} skipped, {profile.probe_seconds:.1f} s")
+    lines.append("")
+    lines.append(f"  {'batch':>7}  {'result':<22} {'peak':>11} {'step s':>8} {'samples/s':>10}")
+    for trial in sorted(profile.trials, key=lambda t: t.batch):
+        result = "ok" if trial.ok else (trial.error or "failed").replace("_", " ")
+        step = f"{trial.step_seconds:.3f}" if trial.step_seconds else "-"
+        rate = f"{trial.samples_per_second:.1f}" if trial.samples_per_second else "-"
+        lines.append(f"  {trial.batch:>7}  {result:<22} {format_bytes(trial.peak_bytes):>11} {step:>8} {rate:>10}")
+    return "\n".join(lines)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--no-tensorflow", is_flag=True, help="Do not import TensorFlow (faster; omits TF's view of devices).")
+@_handle_errors
+def devices(as_json, no_tensorflow):
+    """Show the CPU, memory limits, pressure and GPUs edgebatch sees."""
+    from edgebatch.sensors import describe_devices, format_devices_text
+
+    info = describe_devices(include_tensorflow=not no_tensorflow)
+    click.echo(json.dumps(info, indent=2) if as_json else format_devices_text(info))
+
+
+@main.group()
+def profile() -> None:
+    """List, show and validate cached device profiles."""
+
+
+@profile.command("list")
+@click.option("--profiles-dir", default=None, metavar="DIR", help="Default: $EDGEBATCH_PROFILES, else ./device_profiles.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_handle_errors
+def profile_list(profiles_dir, as_json):
+    """One line per cached profile."""
+    from edgebatch.profiles import list_profiles, resolve_profiles_dir
+
+    entries = list_profiles(resolve_profiles_dir(profiles_dir))
+    if as_json:
+        rows = [
+            {"path": str(path), "error": str(item)} if isinstance(item, Exception) else
+            {"path": str(path), "device": item.device["description"], "model": item.model["name"],
+             "max_batch": item.max_batch, "safe_batch": item.safe_batch, "created_at": item.created_at}
+            for path, item in entries
+        ]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not entries:
+        click.echo(f"no profiles in {resolve_profiles_dir(profiles_dir)} (create one with `edgebatch probe`)")
+        return
+    for path, item in entries:
+        if isinstance(item, Exception):
+            click.echo(f"{path.name}: INVALID: {item}")
+        else:
+            click.echo(
+                f"{path.name}: {item.model['name']} on {item.device['description']} ({item.device['kind']}): "
+                f"max {item.max_batch}, safe {item.safe_batch}, knee {item.throughput_knee}, {item.created_at}"
+            )
+
+
+@profile.command("show")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the profile JSON.")
+@_handle_errors
+def profile_show(path, as_json):
+    """Show one profile file."""
+    from edgebatch.profiles import load_profile
+
+    item = load_profile(path)
+    click.echo(json.dumps(item.to_dict(), indent=2) if as_json else format_profile(item))
+
+
+@profile.command("validate")
+@click.argument("paths", nargs=-1, type=click.Path())
+@_handle_errors
+def profile_validate(paths):
+    """Validate profile files (default: every profile in the profiles directory). Exit 1 if any is invalid."""
+    from pathlib import Path
+
+    from edgebatch.profiles import list_profiles, load_profile, resolve_profiles_dir
+
+    entries = []
+    targets = [Path(p) for p in paths] or [resolve_profiles_dir(None)]
+    for target in targets:
+        if target.is_dir():
+            entries.extend(list_profiles(target))
+        else:
+            try:
+                entries.append((target, load_profile(target)))
+            except EdgebatchError as error:
+                entries.append((target, error))
+    bad = [(path, item) for path, item in entries if isinstance(item, Exception)]
+    for path, item in entries:
+        click.echo(f"{path}: {'INVALID: ' + str(item) if isinstance(item, Exception) else 'ok'}")
+    if bad:
+        raise EdgebatchError(f"{len(bad)} of {len(entries)} profiles are invalid")
+
+
+if __name__ == "__main__":
+    main()
