@@ -191,9 +191,11 @@ def worker_main() -> int:
             model = build_model(parse_model_spec(setup.model_spec), setup.precision)
         runner = TrialRunner(model, optimizer=setup.optimizer, device=setup.device)
         # Trace now, at batch 1, so that no trial pays for tracing (the signature has batch None).
-        runner.run_steps(setup.prewarm_batch or 1, max(setup.prewarm_steps, 1))
+        runner.run_steps(1, 1)
         if setup.address_space_headroom_bytes:
             _cap_address_space(setup.address_space_headroom_bytes)
+        if setup.prewarm_batch:
+            runner.run_steps(setup.prewarm_batch, setup.prewarm_steps)
         _send({"ready": True, "tensorflow": tf.__version__, **runner.model_facts()})
     except UsageError as error:
         _send({"fatal": str(error), "usage": True})

@@ -1,0 +1,109 @@
+"""The edgebatch command: exit codes, one-line errors, profile commands, one end-to-end probe."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+from profile_factory import make_profile
+
+from edgebatch.cli import main
+from edgebatch.profiles import save_profile
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def test_help_is_instant_and_imports_no_tensorflow():
+    code = "import sys; from edgebatch.cli import main; print('tensorflow' in sys.modules, 'keras' in sys.modules)"
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False"]
+    help_run = subprocess.run([sys.executable, "-m", "edgebatch", "probe", "--help"], capture_output=True, text=True)
+    assert help_run.returncode == 0
+    assert "--memory-budget" in help_run.stdout
+    print(f"import + help: {time.perf_counter() - started:.2f} s")
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["probe", "--model", "no_such_model"], "unknown model 'no_such_model'"),
+        (["probe", "--model", "missing.keras"], "does not exist"),
+        (["probe", "--model", "nofile.py:build"], "does not exist"),
+        (["probe", "--memory-budget", "12XB"], "unknown unit"),
+        (["probe", "--memory-budget", "lots"], "cannot read memory size"),
+        (["probe", "--device", "TPU:0"], "unknown device"),
+        (["probe", "--headroom", "1.5"], "--headroom"),
+        (["probe", "--precision", "int4"], "--precision"),
+        (["probe", "--start", "0"], "--start"),
+        (["probe", "--max-batch", "4", "--multiple", "8", "--memory-budget", "1GiB"], "--max-batch"),
+    ],
+)
+def test_bad_input_is_one_line_with_exit_code_2(runner, args, fragment, tmp_path):
+    result = runner.invoke(main, args + ["--profiles-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output
+    assert "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == [], "nothing is written on bad input"
+
+
+def test_profile_list_show_validate(runner, tmp_path):
+    profile = make_profile()
+    path = save_profile(profile, tmp_path)
+    listed = runner.invoke(main, ["profile", "list", "--profiles-dir", str(tmp_path)])
+    assert listed.exit_code == 0
+    assert f"max {profile.max_batch}, safe {profile.safe_batch}" in listed.output
+    shown = runner.invoke(main, ["profile", "show", str(path), "--json"])
+    assert shown.exit_code == 0
+    assert json.loads(shown.output)["max_batch"] == profile.max_batch
+    valid = runner.invoke(main, ["profile", "validate", str(tmp_path)])
+    assert valid.exit_code == 0 and ": ok" in valid.output
+
+
+def test_validate_reports_a_corrupt_profile_with_exit_1(runner, tmp_path):
+    save_profile(make_profile(), tmp_path)
+    (tmp_path / "broken.json").write_text('{"schema_version": 1, "max_batch": ')
+    result = runner.invoke(main, ["profile", "validate", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "broken.json" in result.output and "INVALID" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_show_missing_file_is_exit_1_naming_the_file(runner, tmp_path):
+    result = runner.invoke(main, ["profile", "show", str(tmp_path / "nope.json")])
+    assert result.exit_code == 1
+    assert "nope.json" in result.output
+
+
+def test_devices_json_without_tensorflow(runner):
+    result = runner.invoke(main, ["devices", "--json", "--no-tensorflow"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["cpu"]["ram_total_bytes"] > 0
+    assert info["cpu"]["cores_logical"] >= 1
+
+
+@pytest.mark.slow
+def test_probe_json_end_to_end_in_a_subprocess(tmp_path):
+    env = {**os.environ, "EDGEBATCH_PROFILES": str(tmp_path)}
+    args = [sys.executable, "-m", "edgebatch", "probe", "--model", "mlp", "--memory-budget", "4GiB",
+            "--max-batch", "256", "--device", "CPU:0", "--json"]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    profile = json.loads(done.stdout)  # stdout is only the profile
+    assert profile["max_batch"] == 256
+    assert profile["model"]["name"] == "mlp"
+    assert "batch    256  ok" in done.stderr  # the live trial lines go to stderr
+    saved = list(tmp_path.glob("*.json"))
+    assert len(saved) == 1
+    # The second run finds the cached profile instead of probing again.
+    again = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0
+    assert "reusing cached profile" in again.stderr
+    assert json.loads(again.stdout)["created_at"] == profile["created_at"]

@@ -1,0 +1,179 @@
+"""The search strategy driven by scripted outcomes: no TensorFlow, milliseconds per test."""
+
+import math
+
+import pytest
+
+from edgebatch.errors import UsageError
+from edgebatch.probe.memory_fit import fit_memory_model
+from edgebatch.probe.search import Done, Outcome, Run, SearchConfig, Skip, next_step
+
+MIB = 1024**2
+
+
+def simulate(config, peak_of, crash_above=None, limit=100):
+    """Drive the search to Done against a device whose peak at batch b is peak_of(b).
+
+    crash_above: batches above it raise a real OOM (ran=False) instead of reporting a peak.
+    Returns (answer, list of steps taken).
+    """
+    outcomes, steps = [], []
+    for _ in range(limit):
+        step = next_step(config, outcomes)
+        steps.append(step)
+        if isinstance(step, Done):
+            return step.max_batch, steps
+        if isinstance(step, Skip):
+            outcomes.append(Outcome(step.batch, ran=False, peak_bytes=step.predicted_peak_bytes, measured=False))
+        elif crash_above is not None and step.batch > crash_above:
+            outcomes.append(Outcome(step.batch, ran=False))
+        else:
+            outcomes.append(Outcome(step.batch, ran=True, peak_bytes=int(peak_of(step.batch))))
+    raise AssertionError(f"search did not finish in {limit} steps: {steps}")
+
+
+def linear(fixed_mib, per_sample_mib):
+    return lambda batch: (fixed_mib + per_sample_mib * batch) * MIB
+
+
+def true_ceiling(peak_of, budget, upper=100_000):
+    return max(b for b in range(1, upper) if peak_of(b) <= budget) if peak_of(1) <= budget else 0
+
+
+def runs(steps):
+    return [s.batch for s in steps if isinstance(s, Run)]
+
+
+def test_first_step_is_the_start_batch_rounded_up_to_the_multiple():
+    assert next_step(SearchConfig(budget_bytes=10**9, start_batch=6, multiple=8), []) == Run(8)
+
+
+def test_doubles_while_the_model_is_not_yet_trusted():
+    config = SearchConfig(budget_bytes=4096 * MIB, start_batch=8)
+    outcomes = [Outcome(8, True, 800 * MIB), Outcome(16, True, 900 * MIB)]
+    assert next_step(config, outcomes) == Run(32)
+
+
+def test_jumps_just_under_the_predicted_ceiling_once_three_points_agree():
+    peak = linear(700, 10)
+    config = SearchConfig(budget_bytes=4096 * MIB, start_batch=8)
+    outcomes = [Outcome(b, True, int(peak(b))) for b in (8, 16, 32)]
+    ceiling = (4096 - 700) // 10  # 339
+    step = next_step(config, outcomes)
+    assert step == Run(math.floor(ceiling * (1 - config.jump_margin)))
+
+
+def test_refuses_a_doubling_that_the_model_puts_over_budget():
+    peak = linear(700, 10)
+    config = SearchConfig(budget_bytes=1500 * MIB, start_batch=8)  # ceiling 80
+    outcomes = [Outcome(b, True, int(peak(b))) for b in (8, 16, 32, 76)]
+    step = next_step(config, outcomes)
+    assert isinstance(step, (Run, Skip))
+    if isinstance(step, Skip):
+        assert step.batch > 80 and step.predicted_peak_bytes > config.budget_bytes
+    else:
+        assert step.batch <= 80
+
+
+def test_linear_device_lands_within_tolerance_and_never_above():
+    for fixed, per_sample, budget in [(700, 10, 4096), (850, 11.6, 23000), (720, 2.5, 1536), (100, 0.5, 300)]:
+        peak = linear(fixed, per_sample)
+        config = SearchConfig(budget_bytes=int(budget * MIB), start_batch=8, max_batch=100_000)
+        answer, steps = simulate(config, peak)
+        truth = true_ceiling(peak, config.budget_bytes)
+        assert answer <= truth, (fixed, per_sample, answer, truth)
+        assert answer >= (1 - config.tolerance) * truth - 1, (fixed, per_sample, answer, truth, steps)
+
+
+def test_slow_start_runs_fewer_trials_than_plain_doubling_and_bisection():
+    peak = linear(850, 11.6)
+    budget = 23000 * MIB
+    slow, slow_steps = simulate(SearchConfig(budget_bytes=budget, max_batch=4096), peak)
+    plain, plain_steps = simulate(SearchConfig(budget_bytes=budget, max_batch=4096, strategy="binsearch"), peak)
+    print(f"slow_start: {len(runs(slow_steps))} trials -> {slow}; binsearch: {len(runs(plain_steps))} trials -> {plain}")
+    assert len(runs(slow_steps)) < len(runs(plain_steps))
+    assert slow >= plain * (1 - 0.02)
+
+
+def test_bisects_between_last_fit_and_first_failure_after_a_real_oom():
+    # Memory looks cheap, but batches above 300 crash (a limit the readings cannot see).
+    peak = linear(100, 0.1)
+    config = SearchConfig(budget_bytes=10_000 * MIB, start_batch=8, max_batch=4096)
+    answer, steps = simulate(config, peak, crash_above=300)
+    assert answer <= 300
+    assert answer >= 300 * (1 - config.tolerance) - 1
+    ran = runs(steps)
+    assert ran == sorted(set(ran), key=ran.index), "no batch is tried twice"
+
+
+def test_backs_off_by_halving_when_even_the_start_batch_fails():
+    config = SearchConfig(budget_bytes=10_000 * MIB, start_batch=64)
+    answer, steps = simulate(config, linear(100, 1), crash_above=5)
+    assert runs(steps)[:4] == [64, 32, 16, 8]
+    assert answer == 5
+
+
+def test_nothing_fits_gives_none():
+    config = SearchConfig(budget_bytes=10 * MIB, start_batch=8)
+    answer, _ = simulate(config, linear(100, 1))
+    assert answer is None
+
+
+def test_multiples_are_honoured_everywhere():
+    peak = linear(700, 3)
+    config = SearchConfig(budget_bytes=2000 * MIB, start_batch=5, multiple=8, max_batch=4096)
+    answer, steps = simulate(config, peak)
+    assert all(b % 8 == 0 for b in runs(steps))
+    assert answer % 8 == 0
+    assert answer <= true_ceiling(peak, config.budget_bytes)
+    assert answer + 8 > true_ceiling(peak, config.budget_bytes) * (1 - config.tolerance)
+
+
+def test_max_batch_caps_the_search():
+    answer, steps = simulate(SearchConfig(budget_bytes=10**12, start_batch=8, max_batch=100), linear(1, 0.001))
+    assert answer == 100
+    assert max(runs(steps)) == 100
+
+
+def test_power_keeps_the_last_success_of_plain_doubling():
+    answer, steps = simulate(SearchConfig(budget_bytes=1000 * MIB, strategy="power"), linear(100, 5))
+    assert runs(steps) == [8, 16, 32, 64, 128, 256]
+    assert answer == 128
+
+
+def test_noisy_boundary_never_answers_a_batch_that_failed():
+    # Peaks step by +-40 MiB at fine scale (FACTS.md): a deterministic saw-tooth on a line.
+    def peak(b):
+        return (740 + 2.5 * b + (40 if (b // 7) % 2 else -40)) * MIB
+
+    config = SearchConfig(budget_bytes=1536 * MIB)
+    outcomes = []
+    answer, steps = simulate(config, peak)
+    assert peak(answer) <= config.budget_bytes
+    assert answer >= 0.93 * true_ceiling(peak, config.budget_bytes)
+    del outcomes
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"budget_bytes": 0}, "memory budget"),
+        ({"budget_bytes": 10, "multiple": 0}, "--multiple"),
+        ({"budget_bytes": 10, "start_batch": 0}, "--start"),
+        ({"budget_bytes": 10, "max_batch": 4, "multiple": 8}, "--max-batch"),
+        ({"budget_bytes": 10, "strategy": "magic"}, "strategy"),
+    ],
+)
+def test_bad_configs_name_the_value(kwargs, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        SearchConfig(**kwargs)
+
+
+def test_memory_fit_recovers_a_line_and_reports_r2():
+    model = fit_memory_model([(8, 100 + 8 * 3), (16, 100 + 16 * 3), (64, 100 + 64 * 3)])
+    assert model.fixed_bytes == pytest.approx(100)
+    assert model.per_sample_bytes == pytest.approx(3)
+    assert model.r2 == pytest.approx(1.0)
+    noisy = fit_memory_model([(8, 100), (16, 160), (32, 120)])
+    assert noisy.r2 < 0.9
+    assert fit_memory_model([(8, 100), (8, 110)]) is None
