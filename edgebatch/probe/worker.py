@@ -196,7 +196,19 @@ def worker_main() -> int:
             _cap_address_space(setup.address_space_headroom_bytes)
         if setup.prewarm_batch:
             runner.run_steps(setup.prewarm_batch, setup.prewarm_steps)
-        _send({"ready": True, "tensorflow": tf.__version__, **runner.model_facts()})
+        from edgebatch.sensors import process_rss_bytes, read_allocator
+
+        allocator = read_allocator(setup.device)
+        _send(
+            {
+                "ready": True,
+                "tensorflow": tf.__version__,
+                # Memory before any trial batch: what one-shot estimators (tools/bench) start from.
+                "baseline_process_bytes": process_rss_bytes(),
+                "baseline_allocator_bytes": allocator.current_bytes if allocator else None,
+                **runner.model_facts(),
+            }
+        )
     except UsageError as error:
         _send({"fatal": str(error), "usage": True})
         return 2
