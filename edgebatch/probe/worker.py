@@ -176,8 +176,22 @@ def _cap_address_space(headroom_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
 
 
+def _volunteer_for_the_oom_killer() -> None:
+    """If a trial exhausts host RAM, the kernel should kill this worker, not another process.
+
+    The search refuses trials the memory model puts over budget, but the budget is what was free at
+    the start; other processes can take memory meanwhile. A killed worker is just a failed trial.
+    """
+    try:
+        with open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write("1000")
+    except OSError:
+        pass
+
+
 def worker_main() -> int:
     setup = WorkerSetup(**json.loads(sys.stdin.readline()))
+    _volunteer_for_the_oom_killer()
     try:
         import tensorflow as tf
 

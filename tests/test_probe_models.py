@@ -1,0 +1,90 @@
+"""Model specs the probe accepts: tf_keras functions, integer-token inputs, saved .keras files, objects."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from edgebatch.errors import UsageError
+from edgebatch.probe import probe
+from edgebatch.zoo import parse_model_spec
+
+HERE = Path(__file__).parent
+MIB = 1024**2
+
+
+def test_spec_parsing_needs_no_tensorflow(tmp_path):
+    (tmp_path / "m.py").write_text("def build(): pass\n")
+    assert parse_model_spec("mlp").kind == "builtin"
+    assert parse_model_spec(f"{tmp_path}/m.py:build").function == "build"
+    with pytest.raises(UsageError, match="not a Python function name"):
+        parse_model_spec(f"{tmp_path}/m.py:not-a-name")
+    with pytest.raises(UsageError, match="is not a .py file"):
+        parse_model_spec(f"{tmp_path}/m.txt:build")
+
+
+@pytest.mark.slow
+def test_tf_keras_model_from_a_function(tmp_path):
+    profile = probe(f"{HERE / 'models' / 'tf_keras_mlp.py'}:build", device="CPU:0", memory_budget="4GiB",
+                    max_batch=64, profiles_dir=tmp_path, save=False)
+    assert profile.model["keras_flavor"] == "tf_keras"
+    assert profile.max_batch == 64
+    assert profile.model["inputs"] == [{"shape": [32], "dtype": "float32"}]
+
+
+@pytest.mark.slow
+def test_integer_token_model_and_a_keras_model_object(tmp_path):
+    import keras
+
+    model = keras.Sequential([keras.Input((16,), dtype="int32"), keras.layers.Embedding(50, 8),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1, activation="sigmoid")],
+                             name="tokens")
+    profile = probe(model, device="CPU:0", memory_budget="4GiB", max_batch=32, profiles_dir=tmp_path, save=False)
+    assert profile.max_batch == 32
+    assert profile.model["inputs"] == [{"shape": [16], "dtype": "int32"}]
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_for_another_reason_stops_the_probe_with_its_message(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def build():\n    raise RuntimeError('my model is broken')\n")
+    with pytest.raises(Exception, match="my model is broken"):
+        probe(f"{bad}:build", device="CPU:0", memory_budget="4GiB", profiles_dir=tmp_path, save=False)
+
+
+def processes_with_marker(marker):
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                found.append(environ.parent.name)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_workers_and_writes_nothing(tmp_path):
+    marker = f"EDGEBATCH_TEST_MARK={uuid.uuid4()}"
+    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
+    args = [sys.executable, "-m", "edgebatch", "probe", "--model", "small_cnn", "--memory-budget", "3GiB",
+            "--device", "CPU:0", "--profiles-dir", str(tmp_path)]
+    process = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 300
+    seen = []
+    for line in process.stderr:  # wait until trials are running
+        seen.append(line)
+        if (" ok " in line and "batch" in line) or time.time() > deadline:
+            break
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=60)
+    assert process.returncode == 130, "".join(seen) + rest
+    assert "interrupted" in rest and "Traceback" not in rest
+    assert list(tmp_path.iterdir()) == []
+    time.sleep(1)
+    assert processes_with_marker(marker) == [], "probe workers outlived the interrupted probe"

@@ -1,0 +1,56 @@
+"""max/safe/knee from trial tables: pure, no TensorFlow."""
+
+import pytest
+
+from edgebatch.probe import summary
+from edgebatch.profiles import MemoryModel, Trial
+
+MIB = 1024**2
+
+
+def trial(batch, peak_mib, rate=None, ok=True, error=None, measured=True):
+    return Trial(batch, ok, error, None if peak_mib is None else int(peak_mib * MIB), None, None,
+                 None if rate is None else batch / rate, rate, measured)
+
+
+TRIALS = [
+    trial(8, 800, 60),
+    trial(16, 880, 90),
+    trial(32, 1040, 100),
+    trial(64, 1360, 97),
+    trial(128, 2000, 80),
+    trial(256, 3280, None, ok=False, error="over_budget"),
+    trial(512, None, ok=False, error="oom"),
+]
+BUDGET = 2100 * MIB
+
+
+def test_max_batch_is_the_largest_measured_fit():
+    assert summary.max_batch_of(TRIALS, BUDGET) == 128
+
+
+def test_knee_is_the_smallest_batch_within_5_percent_of_the_best_rate():
+    assert summary.throughput_knee_of(TRIALS, BUDGET) == 32  # 97 >= 95 but 64 > 32
+    assert summary.throughput_knee_of([trial(8, 800, 100), trial(16, 900, 96)], BUDGET) == 8
+
+
+def test_memory_model_uses_every_trial_that_ran_including_over_budget():
+    model = summary.memory_model_of(TRIALS)
+    assert model.points == 5
+    assert model.per_sample_bytes == pytest.approx(10 * MIB, rel=1e-6)
+    assert model.fixed_bytes == pytest.approx(720 * MIB, rel=1e-6)
+
+
+def test_safe_batch_steps_down_from_the_largest_fit_by_per_sample_bytes():
+    model = MemoryModel(720 * MIB, 10 * MIB, 1.0, 5)
+    # safe budget 0.9 x 2100 = 1890 MiB; from 128 at 2000 MiB step down 11 samples -> 117.
+    assert summary.safe_batch_of(TRIALS, BUDGET, 0.10, 1, model) == 117
+    assert summary.safe_batch_of(TRIALS, BUDGET, 0.10, 8, model) == 112
+    # Without a model only measured trials count.
+    assert summary.safe_batch_of(TRIALS, BUDGET, 0.10, 1, None) == 64
+
+
+def test_safe_batch_never_exceeds_max_batch_and_none_without_fits():
+    model = MemoryModel(720 * MIB, 10 * MIB, 1.0, 5)
+    assert summary.safe_batch_of(TRIALS, BUDGET, 0.0, 1, model) == 128
+    assert summary.safe_batch_of([trial(8, None, ok=False, error="oom")], BUDGET, 0.1, 1, model) is None
