@@ -177,3 +177,16 @@ def test_memory_fit_recovers_a_line_and_reports_r2():
     noisy = fit_memory_model([(8, 100), (16, 160), (32, 120)])
     assert noisy.r2 < 0.9
     assert fit_memory_model([(8, 100), (8, 110)]) is None
+
+
+def test_bisection_moves_at_least_one_tolerance_step_past_the_last_fit():
+    # A jump overshot (401 over budget), the model's guess then fit; its refitted ceiling now sits
+    # one sample above the last fit. The next step must not creep up by one sample.
+    peak = linear(740, 2.55)
+    config = SearchConfig(budget_bytes=1536 * MIB)
+    outcomes = [Outcome(b, True, int(peak(b))) for b in (8, 16, 32, 401, 336)]
+    step = next_step(config, outcomes)
+    if isinstance(step, Done):
+        assert step.max_batch == 336
+    else:
+        assert step.batch >= 336 + int(336 * config.tolerance)

@@ -176,7 +176,9 @@ def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None) -
     if model is not None:
         guess = round_down(model.batch_for_bytes(config.budget_bytes), step)
         if lo < guess < hi:
-            candidate = guess
+            # Each trial moves at least one tolerance step: creeping up one sample at a time
+            # toward a guess that sits just above the last fit costs trials and gains nothing.
+            candidate = max(guess, lo + max(step, round_down(lo * config.tolerance, step)))
     candidate = min(max(candidate, lo + step), hi - step)
     if candidate <= lo:
         return Done(lo)
