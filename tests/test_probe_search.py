@@ -182,9 +182,10 @@ def test_memory_fit_recovers_a_line_and_reports_r2():
 def test_bisection_moves_at_least_one_tolerance_step_past_the_last_fit():
     # A jump overshot (401 over budget), the model's guess then fit; its refitted ceiling now sits
     # one sample above the last fit. The next step must not creep up by one sample.
-    peak = linear(740, 2.55)
+    peak = linear(690, 2.5)  # ceiling 338
     config = SearchConfig(budget_bytes=1536 * MIB)
     outcomes = [Outcome(b, True, int(peak(b))) for b in (8, 16, 32, 401, 336)]
+    assert outcomes[-1].fits(config.budget_bytes) and not outcomes[-2].fits(config.budget_bytes)
     step = next_step(config, outcomes)
     if isinstance(step, Done):
         assert step.max_batch == 336
