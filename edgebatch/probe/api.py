@@ -153,13 +153,15 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         address_space_headroom_bytes=request.worker_address_space_headroom_bytes,
     )
     started = time.monotonic()
-    progress(f"probing {spec.name} on {device} ({facts.description}), budget {format_bytes(budget_bytes)} ({budget_source})")
+    progress(f"probing {spec.text} on {device} ({facts.description}), budget {format_bytes(budget_bytes)} ({budget_source})")
     scout = start_worker(setup)
     workers: list[Worker] = [scout]
     try:
         model_facts = scout.facts
+        # Built-ins are known by their name; a user's function or file by the model's own name.
+        name = spec.name if spec.kind == "builtin" else model_facts["name"]
         key = model_key(
-            spec.name,
+            name,
             model_facts["config_hash"],
             model_facts["inputs"],
             request.precision,
@@ -185,7 +187,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             "raise --memory-budget, use a smaller model or input, or lower --multiple"
         )
     profile = _build_profile(
-        request, spec.name, device, facts, fingerprint, key, model_facts, budget_bytes, budget_source, measure,
+        request, name, device, facts, fingerprint, key, model_facts, budget_bytes, budget_source, measure,
         trials, final.max_batch, time.monotonic() - started,
     )
     if save:

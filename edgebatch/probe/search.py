@@ -31,7 +31,9 @@ from edgebatch.errors import UsageError
 from edgebatch.probe.memory_fit import fit_memory_model
 from edgebatch.profiles.model import MemoryModel
 
-STRATEGIES = ("slow_start", "binsearch", "power")
+# The last three are the peers' finders, for benchmarks (baselines.py): Accelerate's shrink-on-OOM
+# (x0.9 now, x0.5 before) and a DeepSpeed-style one-shot estimate.
+STRATEGIES = ("slow_start", "binsearch", "power", "shrink_x0.9", "shrink_x0.5", "one_shot_estimate")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class SearchConfig:
     min_fit_points: int = 3
     min_fit_r2: float = 0.98
     refuse_predicted_over_budget: bool = True
+    # The worker's memory before any trial batch (same measure as the peaks); only the
+    # one_shot_estimate baseline reads it.
+    baseline_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:
@@ -124,6 +129,10 @@ def usable_model(config: SearchConfig, outcomes: Sequence[Outcome]) -> MemoryMod
 
 def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
     """Decide what to do next from every outcome so far (in any order)."""
+    if config.strategy not in ("slow_start", "binsearch", "power"):
+        from edgebatch.probe import baselines  # imports this module: import when needed
+
+        return baselines.next_step(config, outcomes)
     budget = config.budget_bytes
     cap = round_down(config.max_batch, config.multiple)
     if not outcomes:
