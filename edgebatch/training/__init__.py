@@ -1,0 +1,42 @@
+"""Governed training: micro-batches sized by a Governor, exact gradient accumulation, OOM recovery.
+
+- `fit(model, dataset, loss=..., optimizer=..., effective_batch=...)`: a custom loop (loop.py) with
+  OOM retry in place, checkpoint/resume, TensorBoard and JSONL logs; returns a `FitReport`.
+- `inject_oom([2, 5])` / env `EDGEBATCH_INJECT_OOM=2,5`: make chosen micro-batches fail (tests).
+- `enable_micro_batching(model, governor)` and `GovernorCallback`/`TfKerasGovernorCallback`
+  (keras_integration.py): the same governor for `model.fit` users. That module imports Keras, so
+  it is loaded only when one of its names is asked for.
+
+Importing this package does not import TensorFlow.
+"""
+
+from typing import Any
+
+from edgebatch.training.injection import ENV_INJECT_OOM, inject_oom, parse_oom_indices
+from edgebatch.training.loop import fit
+from edgebatch.training.records import FitReport, OomEvent, Progress, UpdateRecord
+
+__all__ = [
+    "ENV_INJECT_OOM",
+    "FitReport",
+    "GovernorCallback",
+    "MicroBatchController",
+    "OomEvent",
+    "Progress",
+    "TfKerasGovernorCallback",
+    "UpdateRecord",
+    "enable_micro_batching",
+    "fit",
+    "inject_oom",
+    "parse_oom_indices",
+]
+
+_KERAS_NAMES = ("GovernorCallback", "MicroBatchController", "TfKerasGovernorCallback", "enable_micro_batching")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _KERAS_NAMES:
+        from edgebatch.training import keras_integration
+
+        return getattr(keras_integration, name)
+    raise AttributeError(f"module 'edgebatch.training' has no attribute {name!r}")

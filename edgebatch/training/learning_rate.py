@@ -1,0 +1,53 @@
+"""Apply the governor's lr_scale to an optimizer whose learning rate is a plain number.
+
+In elastic mode the effective batch moves, and the governor says how to scale the learning rate
+tuned for the target batch (linear for SGD, sqrt for Adam; FACTS.md). The base rate is read once
+and every scale is applied to it (never to the current, already scaled, value), so scales do not
+compound; a checkpoint stores the base because the optimizer's variable holds the scaled value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgebatch.errors import UsageError
+
+__all__ = ["LearningRateScaler"]
+
+
+def _learning_rate_variable(optimizer: Any) -> Any:
+    # Keras 3 and tf_keras optimizers keep the rate in `_learning_rate`: a variable for a constant
+    # rate, a LearningRateSchedule object otherwise. Legacy tf_keras optimizers keep `_hyper`.
+    variable = getattr(optimizer, "_learning_rate", None)
+    if variable is None:
+        variable = getattr(optimizer, "_hyper", {}).get("learning_rate")
+    return variable if hasattr(variable, "assign") else None
+
+
+class LearningRateScaler:
+    """Sets optimizer lr = base x scale. Inactive (touches nothing) when `enabled` is False."""
+
+    def __init__(self, optimizer: Any, enabled: bool, base_learning_rate: float | None = None) -> None:
+        self.enabled = enabled
+        self.base_learning_rate: float | None = None
+        self._variable = None
+        self._scale: float | None = None  # unknown until first applied (a restored rate may be scaled)
+        if not enabled:
+            return
+        self._variable = _learning_rate_variable(optimizer)
+        if self._variable is None:
+            raise UsageError(
+                "lr_scaling needs an optimizer with a constant learning rate (a float), got "
+                f"{type(optimizer).__name__} with learning rate {getattr(optimizer, '_learning_rate', None)!r}; "
+                "use lr_scaling='none' with a schedule"
+            )
+        self.base_learning_rate = (
+            float(base_learning_rate) if base_learning_rate is not None else float(self._variable.numpy())
+        )
+
+    def apply(self, scale: float) -> None:
+        """Set the optimizer's rate to base x `scale` (a no-op when the scale did not change)."""
+        if not self.enabled or scale == self._scale:
+            return
+        self._variable.assign(self.base_learning_rate * scale)
+        self._scale = scale

@@ -1,0 +1,131 @@
+"""What a governed training run reports: one record per optimizer update, per OOM, and the whole run.
+
+Plain frozen dataclasses (no TensorFlow) with `to_dict()` for JSON, TensorBoard and tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["FitReport", "OomEvent", "Progress", "UpdateRecord"]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where training stands, at an update boundary: what a checkpoint stores to resume exactly.
+
+    `epoch` is 0-based and counts completed epochs; `examples_in_epoch` examples of that epoch have
+    been consumed (so resuming skips that many); `updates` and `examples_seen` count the whole run.
+    """
+
+    epoch: int = 0
+    examples_in_epoch: int = 0
+    updates: int = 0
+    examples_seen: int = 0
+
+
+@dataclass(frozen=True)
+class OomEvent:
+    """One micro-batch that ran out of memory (really, or injected) and what the governor did.
+
+    `example_offset` is where the failed piece started within its update; `next_micro_batch` is the
+    governor's size after the OOM (the retry size); `gave_up` is True when the governor could not
+    shrink any further and training stopped.
+    """
+
+    update: int
+    epoch: int
+    micro_batch: int
+    example_offset: int
+    next_micro_batch: int
+    injected: bool
+    gave_up: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class UpdateRecord:
+    """One optimizer update.
+
+    `micro_batches`: the sizes that ran successfully, in order (they sum to `examples`; an OOM'd
+    attempt is in `oom_events`, not here). `effective_batch` is what the governor asked for; the
+    update consumed `examples` (fewer only at the end of an epoch). `loss` is the mean per-example
+    loss over the update (regularization losses excluded). `pressure` is the memory reading taken
+    after the update (None when the reader was rate-limited or absent). `changed`/`reason`/
+    `next_micro_batch`/`next_effective_batch`/`lr_scale` describe the governor's decision made on
+    this update's observation, which applies from the next update.
+    """
+
+    update: int
+    epoch: int
+    examples: int
+    micro_batches: tuple[int, ...]
+    effective_batch: int
+    loss: float
+    pressure: float | None
+    seconds: float
+    samples_per_second: float
+    oom_events: int
+    changed: bool
+    reason: str
+    next_micro_batch: int
+    next_effective_batch: int
+    lr_scale: float
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches that contributed to this update."""
+        return len(self.micro_batches)
+
+    @property
+    def largest_micro_batch(self) -> int:
+        """The real batch size the device ran (what memory depends on)."""
+        return max(self.micro_batches)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["micro_batches"] = list(self.micro_batches)
+        data["accumulation_steps"] = self.accumulation_steps
+        return data
+
+
+@dataclass
+class FitReport:
+    """The history of one `fit` call (a resumed call reports only its own updates).
+
+    `resumed_from` is the Progress restored from a checkpoint (None for a fresh start);
+    `examples_seen` counts the examples this call trained on; `decisions` are the governor's
+    history entries (changes, OOM shrinks) made during this call; `traces` counts how often each
+    tf.function was traced (1 each when changing the micro-batch did not retrace); `checkpoints`
+    lists the checkpoint paths written; `stopped_by_max_updates` is True when `max_updates` ended
+    the run before `epochs` did.
+    """
+
+    updates: list[UpdateRecord] = field(default_factory=list)
+    examples_seen: int = 0
+    oom_events: list[OomEvent] = field(default_factory=list)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    traces: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    epochs_completed: int = 0
+    resumed_from: Progress | None = None
+    final_progress: Progress = field(default_factory=Progress)
+    checkpoints: list[str] = field(default_factory=list)
+    stopped_by_max_updates: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able copy of the report."""
+        return {
+            "updates": [record.to_dict() for record in self.updates],
+            "examples_seen": self.examples_seen,
+            "oom_events": [asdict(event) for event in self.oom_events],
+            "decisions": [dict(entry) for entry in self.decisions],
+            "traces": dict(self.traces),
+            "seconds": self.seconds,
+            "epochs_completed": self.epochs_completed,
+            "resumed_from": None if self.resumed_from is None else asdict(self.resumed_from),
+            "final_progress": asdict(self.final_progress),
+            "checkpoints": list(self.checkpoints),
+            "stopped_by_max_updates": self.stopped_by_max_updates,
+        }

@@ -1,0 +1,126 @@
+"""Keras integration: model.fit with governed micro-batches equals plain model.fit (Keras 3 and tf_keras)."""
+
+import numpy as np
+import pytest
+
+from edgebatch.errors import UsageError
+from edgebatch.governor import Governor, GovernorConfig
+from test_training_support import FixedPressure, make_data, make_loss, make_model, make_optimizer, max_weight_diff
+
+tf = pytest.importorskip("tensorflow")
+keras_integration = pytest.importorskip("edgebatch.training.keras_integration")
+
+BATCH = 16
+
+
+def keras_world(name):
+    if name == "keras":
+        import keras
+
+        return keras
+    return pytest.importorskip("tf_keras")
+
+
+def compiled_model(world, metrics=("accuracy",)):
+    model = make_model(world)
+    model.compile(optimizer=make_optimizer("sgd", world), loss=make_loss(world), metrics=list(metrics))
+    return model
+
+
+@pytest.mark.parametrize("world_name", ["keras", "tf_keras"])
+@pytest.mark.parametrize("ceiling", [5, 3])
+def test_micro_batched_fit_equals_plain_fit(world_name, ceiling):
+    world = keras_world(world_name)
+    x, y = make_data(56)  # 3 full batches of 16 and one of 8
+    plain = compiled_model(world)
+    plain_history = plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    model = compiled_model(world)
+    controller = keras_integration.enable_micro_batching(
+        model, Governor(GovernorConfig(ceiling_batch=ceiling, effective_batch=BATCH)))
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[controller.callback()])
+    assert max_weight_diff(model.get_weights(), plain.get_weights()) < 1e-4
+    np.testing.assert_allclose(history.history["loss"], plain_history.history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history.history["accuracy"], plain_history.history["accuracy"])
+    assert controller.batches == 8
+    assert max_weight_diff(model.get_weights(), make_model(world).get_weights()) > 1e-3  # it trained
+
+
+def count_plain_traces(model):
+    """Wrap the model's own train_step with a trace counter (a baseline: Keras itself may trace a
+    step twice on its first call when compiled losses or metrics create variables in that trace)."""
+    import types
+
+    traces = [0]
+    original = model.train_step
+
+    def counted(self, data):
+        traces[0] += 1
+        return original(data)
+
+    object.__setattr__(model, "train_step", types.MethodType(counted, model))
+    return traces
+
+
+@pytest.mark.parametrize("world_name", ["keras", "tf_keras"])
+def test_micro_batch_changes_take_effect_without_retracing(world_name):
+    world = keras_world(world_name)
+    x, y = make_data(64)  # whole batches only: one input shape
+    plain = compiled_model(world)
+    plain_traces = count_plain_traces(plain)
+    plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    model = compiled_model(world)
+    governor = Governor(GovernorConfig(ceiling_batch=BATCH, effective_batch=BATCH, cooldown_updates=0))
+    controller = keras_integration.enable_micro_batching(model, governor, pressure_reader=FixedPressure(0.95))
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[controller.callback()])
+    assert [d["micro_batch"] for d in controller.decisions] == [8, 4, 2, 1]
+    assert int(controller.micro_batch.numpy()) == 1
+    # Four micro-batch sizes ran, yet the step was traced no more often than plain fit's.
+    assert controller.traces == plain_traces[0] <= 2
+    assert max_weight_diff(model.get_weights(), plain.get_weights()) < 1e-4
+
+
+def test_on_oom_shrinks_for_the_next_fit():
+    import keras
+
+    model = compiled_model(keras)
+    controller = keras_integration.enable_micro_batching(model, Governor(GovernorConfig(ceiling_batch=16, effective_batch=16)))
+    decision = controller.on_oom()
+    assert decision.micro_batch == 8 and int(controller.micro_batch.numpy()) == 8
+    assert isinstance(controller.callback(), keras_integration.GovernorCallback)
+
+
+def test_refuses_elastic_mode_and_uncompiled_models():
+    import keras
+
+    elastic = Governor(GovernorConfig(ceiling_batch=8, effective_batch=8, mode="elastic"))
+    with pytest.raises(UsageError, match="'fixed'"):
+        keras_integration.enable_micro_batching(compiled_model(keras), elastic)
+    with pytest.raises(UsageError, match="compile"):
+        keras_integration.enable_micro_batching(make_model(), Governor(GovernorConfig(ceiling_batch=8, effective_batch=8)))
+    with pytest.raises(UsageError, match="Keras 3 or tf_keras"):
+        keras_integration.enable_micro_batching(object(), Governor(GovernorConfig(ceiling_batch=8, effective_batch=8)))
+
+
+def test_mixed_float16_with_loss_scaling_matches_plain_fit():
+    import keras
+
+    x, y = make_data(32)
+
+    def build():
+        init = keras.initializers.GlorotUniform(seed=1)
+        model = keras.Sequential([
+            keras.Input((5,)),
+            keras.layers.Dense(8, activation="tanh", kernel_initializer=init, dtype="mixed_float16"),
+            keras.layers.Dense(3, kernel_initializer=init, dtype="float32"),
+        ])
+        model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)), loss=make_loss())
+        return model
+
+    plain = build()
+    plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    model = build()
+    controller = keras_integration.enable_micro_batching(model, Governor(GovernorConfig(ceiling_batch=5, effective_batch=BATCH)))
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[controller.callback()])
+    # float16 activations round differently per piece; the loss scale is applied and removed once per batch.
+    assert max_weight_diff(model.get_weights(), plain.get_weights()) < 1e-3
+    assert max_weight_diff(model.get_weights(), build().get_weights()) > 1e-2
