@@ -10,13 +10,23 @@ need TensorFlow import it when called.
 """
 
 from edgebatch.errors import EdgebatchError, ProbeError, ProfileError, TrainingError, UsageError
+from edgebatch.governor import Decision, Governor, GovernorConfig, Observation, PressureReader
 from edgebatch.probe import probe
 from edgebatch.profiles import DeviceProfile, MemoryModel, Trial, load_profile, save_profile
+from edgebatch.training import FitReport, fit, inject_oom
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Decision",
     "DeviceProfile",
+    "FitReport",
+    "Governor",
+    "GovernorConfig",
+    "Observation",
+    "PressureReader",
+    "fit",
+    "inject_oom",
     "EdgebatchError",
     "MemoryModel",
     "ProbeError",
