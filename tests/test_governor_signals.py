@@ -68,11 +68,25 @@ def test_growth_stops_at_the_model_fit():
 
 
 def test_a_slow_step_counts_as_pressure():
-    cfg = config(slow_step_factor=2.0)
+    cfg = config(slow_step_factor=2.0, slow_step_patience=1)
     history = ((64, 1.0), (64, 1.1), (32, 9.0), (64, 0.9))
     state = state_at(cfg, 64, recent_step_seconds=history)
     _, decision = step(cfg, state, Observation(pressure=0.5, step_seconds=3.1, micro_batch=64))
     assert decision.micro_batch == 32 and decision.reason == "slow step 3.1x median: 64 -> 32"
+
+
+def test_one_slow_step_alone_is_noise_by_default_two_in_a_row_are_pressure():
+    cfg = config(slow_step_factor=2.0)
+    assert cfg.slow_step_patience == 2
+    state = state_at(cfg, 64, recent_step_seconds=((64, 1.0), (64, 1.1), (64, 0.9)))
+    state, decision = step(cfg, state, Observation(pressure=0.5, step_seconds=3.3, micro_batch=64))
+    assert not decision.changed
+    state, decision = step(cfg, state, Observation(pressure=0.5, step_seconds=1.0, micro_batch=64))
+    assert not decision.changed, "a slow step followed by a normal one is not pressure"
+    state, decision = step(cfg, state, Observation(pressure=0.5, step_seconds=2.5, micro_batch=64))
+    assert not decision.changed
+    _, decision = step(cfg, state, Observation(pressure=0.5, step_seconds=2.6, micro_batch=64))
+    assert decision.micro_batch == 32 and decision.reason.startswith("slow step 2.")
 
 
 def test_a_step_within_the_factor_is_not_slow_and_joins_the_history():

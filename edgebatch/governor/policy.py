@@ -21,8 +21,9 @@ case oom_count += 1, the calm streak resets and the cooldown restarts.
 
 Update observations, in this order:
 1. Slow step: with step_seconds, the micro-batch it ran at (observation.micro_batch, else the
-   current size) and >= 3 earlier samples at that size among the last `slow_step_window`, a step
-   slower than slow_step_factor x their median is pressure. (FACTS.md: a new size's first step
+   current size) and >= 3 earlier samples at that size among the last `slow_step_window`, the
+   last `slow_step_patience` steps (this one included) all slower than slow_step_factor x the
+   median of the samples before them are pressure. (FACTS.md: a new size's first step
    retraces a tf.function, seconds long; the median of >= 3 samples shrugs that outlier off.)
    The sample then joins the bounded history.
 2. High pressure: pressure > shrink_above_pressure, or psi_some_avg10 >= psi_some_avg10_threshold,
@@ -219,12 +220,16 @@ def _record_step(
     if obs.step_seconds is None:
         return recent, None
     batch = obs.micro_batch if obs.micro_batch is not None else current
-    same_size = [seconds for size, seconds in recent if size == batch]
+    samples = [seconds for size, seconds in recent if size == batch] + [obs.step_seconds]
+    patience = config.slow_step_patience
     ratio = None
-    if len(same_size) >= MIN_SLOW_STEP_SAMPLES:
-        typical = median(same_size)
+    if len(samples) - patience >= MIN_SLOW_STEP_SAMPLES:
+        # The last `patience` steps must all be slow against the median of the ones before them:
+        # on a shared machine one step in a while is slow for reasons of its own (seen in
+        # tests/test_governor_real.py: a lone 3.3x step at pressure 0.10 halved the batch).
+        typical = median(samples[:-patience])
         if typical > 0:
-            ratio = obs.step_seconds / typical
+            ratio = min(seconds / typical for seconds in samples[-patience:])
     return (recent + ((batch, obs.step_seconds),))[-config.slow_step_window :], ratio
 
 

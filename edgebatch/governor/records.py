@@ -95,6 +95,7 @@ class GovernorConfig:
     oom_shrink_factor: float = 0.5
     slow_step_factor: float = 2.0
     slow_step_window: int = 20
+    slow_step_patience: int = 2  # consecutive slow steps at one size before they count as pressure
     fixed_bytes: float | None = None
     per_sample_bytes: float | None = None
     target_pressure: float = 0.80
@@ -132,6 +133,7 @@ class GovernorConfig:
         _real(self, "slow_step_factor", err, low=1.0, low_open=True)
         # The median needs 3 samples at one size (see policy.py), so a shorter window never fires.
         _integer(self, "slow_step_window", 3, err)
+        _integer(self, "slow_step_patience", 1, err)
         _real(self, "fixed_bytes", err, low=0.0, optional=True)
         _real(self, "per_sample_bytes", err, low=0.0, low_open=True, optional=True)
         if (self.fixed_bytes is None) != (self.per_sample_bytes is None):
