@@ -82,29 +82,12 @@ def main() -> None:
 @click.option("--no-save", is_flag=True, help="Do not write the profile.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the profile JSON on stdout.")
 @_handle_errors
-def probe(model_spec, memory_budget, device, precision, optimizer, start, max_batch, multiple, headroom,
-          steps_per_trial, trial_seconds, strategy, profiles_dir, force, no_save, as_json):
+def probe(model_spec, no_save, as_json, **options):
     """Find the largest training batch that fits, and cache it as a device profile."""
     from edgebatch.probe import probe as run
 
-    profile = run(
-        model_spec,
-        device=device,
-        memory_budget=memory_budget,
-        precision=precision,
-        optimizer=optimizer,
-        start=start,
-        max_batch=max_batch,
-        multiple=multiple,
-        headroom=headroom,
-        steps_per_trial=steps_per_trial,
-        trial_seconds=trial_seconds,
-        strategy=strategy,
-        profiles_dir=profiles_dir,
-        force=force,
-        save=not no_save,
-        progress=_echo_err,
-    )
+    # The remaining options are named exactly as edgebatch.probe's keyword arguments.
+    profile = run(model_spec, save=not no_save, progress=_echo_err, **options)
     if as_json:
         click.echo(json.dumps(profile.to_dict(), indent=2))
     else:
