@@ -181,6 +181,21 @@ def profile_show(path, as_json):
     click.echo(json.dumps(item.to_dict(), indent=2) if as_json else format_profile(item))
 
 
+@profile.command("plot")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", default=None, metavar="FILE.png", help="Default: the profile's path with .png.")
+@_handle_errors
+def profile_plot(path, output):
+    """Plot memory and throughput against batch size for one profile (needs matplotlib)."""
+    from pathlib import Path
+
+    from edgebatch.plots import plot_profile
+    from edgebatch.profiles import load_profile
+
+    written = plot_profile(load_profile(path), output or Path(path).with_suffix(".png"))
+    click.echo(f"wrote {written}")
+
+
 @profile.command("validate")
 @click.argument("paths", nargs=-1, type=click.Path())
 @_handle_errors

@@ -107,3 +107,14 @@ def test_probe_json_end_to_end_in_a_subprocess(tmp_path):
     assert again.returncode == 0
     assert "reusing cached profile" in again.stderr
     assert json.loads(again.stdout)["created_at"] == profile["created_at"]
+
+
+def test_profile_plot_writes_a_png(runner, tmp_path):
+    path = save_profile(make_profile(), tmp_path)
+    out = tmp_path / "plots" / "p.png"
+    result = runner.invoke(main, ["profile", "plot", str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.parent.glob("*.tmp.png"))
+    bad = runner.invoke(main, ["profile", "plot", str(path), "-o", str(tmp_path / "p.jpg")])
+    assert bad.exit_code == 2 and ".png" in bad.output
