@@ -54,3 +54,14 @@ def test_safe_batch_never_exceeds_max_batch_and_none_without_fits():
     model = MemoryModel(720 * MIB, 10 * MIB, 1.0, 5)
     assert summary.safe_batch_of(TRIALS, BUDGET, 0.0, 1, model) == 128
     assert summary.safe_batch_of([trial(8, None, ok=False, error="oom")], BUDGET, 0.1, 1, model) is None
+
+
+def test_safe_batch_respects_the_worst_reading_when_readings_are_not_monotone():
+    # The default mobilenet_v2 probe on this machine kind: the scout read 21.84 GiB at 1643, a
+    # fresh worker 20.48 GiB at 1694. 1694 is under the safe budget only by its own low reading.
+    gib = 1024**3
+    trials = [trial(8, 1.03 * 1024, 55), trial(1643, 21.84 * 1024, 16), trial(1694, 20.48 * 1024, 20)]
+    model = MemoryModel(971 * MIB, 12.39 * MIB, 0.996, 5)
+    budget = 23.15 * gib
+    safe = summary.safe_batch_of(trials, budget, 0.10, 1, model)
+    assert 1540 <= safe <= 1570  # 1643 - (21.84 - 20.835) GiB / 12.39 MiB = 1560

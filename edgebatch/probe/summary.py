@@ -29,26 +29,25 @@ def max_batch_of(trials: Sequence[Trial], budget_bytes: float) -> int | None:
 def safe_batch_of(
     trials: Sequence[Trial], budget_bytes: float, headroom: float, multiple: int, model: MemoryModel | None
 ) -> int | None:
-    """Largest batch whose peak fits budget x (1 - headroom).
+    """Largest batch whose peak fits budget x (1 - headroom), never above max_batch.
 
-    A measured trial under the reduced budget is the first answer. When the memory model is known,
-    the answer is also predicted from the largest measured fit, stepping down per_sample bytes per
-    sample (anchored on a real reading rather than on the line's intercept); the larger of the two
-    wins, and it never exceeds max_batch.
+    With a memory model, every measured fit is an anchor: from its own reading, stepping
+    per_sample_bytes per sample, it says how far the batch can go before the reduced budget; the
+    smallest answer wins. Readings are not monotone in batch (a scout worker's history inflates
+    its peaks, a fresh worker reads lower; FACTS.md: +-40 MiB steps), and the safe batch must
+    respect the worst of them. Without a model, the largest measured trial under the reduced
+    budget.
     """
     safe_budget = budget_bytes * (1 - headroom)
-    measured = max_batch_of(trials, safe_budget)
-    largest = max(fitting_trials(trials, budget_bytes), key=lambda t: t.batch, default=None)
-    if largest is None:
+    fits = fitting_trials(trials, budget_bytes)
+    if not fits:
         return None
-    predicted = None
-    if model is not None and model.per_sample_bytes > 0:
-        excess = max(0.0, largest.peak_bytes - safe_budget)
-        steps_down = math.ceil(excess / model.per_sample_bytes)
-        predicted = (largest.batch - steps_down) // multiple * multiple
-        predicted = predicted if predicted >= multiple else None
-    candidates = [b for b in (measured, predicted) if b is not None]
-    return min(max(candidates), largest.batch) if candidates else None
+    largest = max(t.batch for t in fits)
+    if model is None or model.per_sample_bytes <= 0:
+        return max_batch_of(trials, safe_budget)
+    reach = min(t.batch + math.floor((safe_budget - t.peak_bytes) / model.per_sample_bytes) for t in fits)
+    safe = min(reach, largest) // multiple * multiple
+    return safe if safe >= multiple else None
 
 
 def throughput_knee_of(trials: Sequence[Trial], budget_bytes: float) -> int | None:
