@@ -217,10 +217,19 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
 
 
 def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: list[Worker]) -> Worker:
-    """The live worker whose readings stay right at `batch`, or a fresh one (see worker.py)."""
-    for worker in reversed(workers):
-        if worker.can_run(batch):
-            return worker
+    """The live worker whose readings stay right at `batch`, or a fresh one (see worker.py).
+
+    Workers that cannot run this trial are closed first: a scout that ran a batch above this one
+    may hold most of the budget in resident memory (FACTS.md: RSS never shrinks), and the next
+    trial must not run beside it. The search rarely climbs back above a worker's largest batch
+    after stepping below it, so little is lost.
+    """
+    usable = next((worker for worker in workers if worker.can_run(batch)), None)
+    for worker in [w for w in workers if w is not usable]:
+        worker.close()
+        workers.remove(worker)
+    if usable is not None:
+        return usable
     prewarm = max(1, min(config.start_batch, batch // 2))
     fresh = start_worker(
         WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": PREWARM_STEPS})

@@ -6,7 +6,10 @@ memory held after a failed trial makes every later trial near the boundary fail.
 
 - a worker's readings stay right only while its batches grow: `Worker.can_run(batch)` is True for a
   batch above every batch it ran, and never after an OOM. The probe keeps one "scout" worker for
-  the growing phase and starts a fresh worker whenever the search steps back down;
+  the growing phase and starts a fresh worker whenever the search steps back down. Memory
+  retained from earlier trials still lifts a scout's readings a little (conservative: on
+  small_cnn the answer was 338 against a fresh-process truth of 342; on dense_wide 290 against
+  332, see BENCHMARKS.md);
 - a fresh worker first runs a few cheap steps at the start batch (`prewarm`), so that the resident
   peak has climbed as it does over the first steps of real training (FACTS.md: it climbs for 5-11
   steps) before the trial batch is measured;
@@ -59,6 +62,7 @@ class Worker:
     trials_run: int = 0
 
     def can_run(self, batch: int) -> bool:
+        """Whether this worker's reading at `batch` would be right (see the module docstring)."""
         return self.healthy and self.process.poll() is None and batch > self.largest_batch
 
     def run_trial(self, batch: int) -> dict:
