@@ -1,0 +1,257 @@
+"""Section 1: probe accuracy and cost, slow_start against the peers' finders on the same trial runner.
+
+Every method runs through edgebatch's own runner (a scout worker, fresh workers whenever the search
+steps down, api._search's loop); only `SearchConfig.strategy` differs, so the comparison is between
+decisions, not implementations. Methods are interleaved within each repeat so that the machine's
+noise falls on all of them alike, and each repeat's trials and seconds are divided by binsearch's of
+the same repeat. The truth comes afterwards from fresh processes (probe_truth.py).
+
+Budgets: a scenario either caps the workers' address space (`headroom_bytes`: real OOMs, clean
+ResourceExhaustedError for dense kernels, segfaults for some others, both counted as failures), or
+sets a plain resident budget (`budget_bytes`) under which a trial fails when its measured peak is
+over it. Under a cap the search is told the room the cap leaves (the scout's resident baseline +
+headroom), as a probe of a device of that size would be (on CPU its default budget is the RAM and
+cgroup room it reads), or, with `search_knows_cap=False`, only the machine's RAM, so that no method
+knows where the limit is. The truth follows the physical rule: under a cap, whether a fresh process
+runs; under a budget, whether its peak fits.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+
+from harness import MIB, ROOT, Deadline, Mode, capped_malloc_arenas, log, ratio_stat, stat_of
+from probe_truth import judge, measure_truth
+
+# (strategy, start batch). Accelerate's finder starts at its default 128 and only shrinks; the
+# one-shot estimate calibrates at 1; the rest start where the probe does.
+METHODS = (
+    ("slow_start", 8),
+    ("binsearch", 8),
+    ("power", 8),
+    ("one_shot_estimate", 1),
+    ("shrink_x0.9", 128),
+    ("shrink_x0.5", 128),
+)
+# A method's first run is assumed to cost this much (later runs: what its last run took); the
+# cheap baselines take 8-20 s here, slow_start and binsearch 35-100 s.
+FIRST_RUN_GUESS_SECONDS = 15.0
+BINSEARCH_MARGIN = "binsearch -5% margin"
+LIGHTNING_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    model: str  # a model spec: built-in name or FILE.py:FUNCTION
+    max_batch: int
+    headroom_bytes: int | None = None  # address-space cap over the worker's size after setup
+    budget_bytes: int | None = None  # plain resident budget (scenarios without a cap)
+    search_knows_cap: bool = True  # with a cap: the search's budget is baseline + headroom, else the RAM
+    steps_per_trial: int = 3
+    # Repeats in full mode (None: the mode's); quick mode runs every method once.
+    full_repeats: int | None = None
+
+
+# dense_wide (tests/models/dense_wide.py: dense kernels only, few weights, ~2.1 MiB per sample).
+# Measured in fresh processes here: peak 1230 MiB at batch 256, 1502 MiB at 384, so 1400 MiB puts
+# the ceiling near 335. Quick mode uses this plain budget: its failures cost a measurement, while a
+# real OOM costs ~10 s (TensorFlow's allocator retries before it gives up) and quick mode has no
+# time for many. Under address-space caps the boundary moves in steps (the allocator reserves
+# regions by doubling): dense_wide ran 128 and failed at 129-130 under both 300 and 400 MiB caps,
+# and mlp's boundary under 128 MiB moved between 16k and 21k from one fresh process to the next.
+DENSE_WIDE = f"{ROOT / 'tests' / 'models' / 'dense_wide.py'}:build"
+QUICK_SCENARIOS = (Scenario("dense_wide, 1.37 GiB resident budget", DENSE_WIDE, 4096, budget_bytes=1400 * MIB),)
+# Full mode: the first two scenarios get the mode's repeats; the others one run per method (coverage,
+# said so in the report): an hour on 2 shared cores holds no more.
+FULL_SCENARIOS = QUICK_SCENARIOS + (
+    # tests/test_probe_real.py's budget: ceiling near 340 at ~2.5 MiB per sample.
+    Scenario("small_cnn, 1.5 GiB resident budget", "small_cnn", 4096, budget_bytes=1536 * MIB),
+    # Real OOMs: the search is told the room the cap leaves, then only the RAM.
+    Scenario("dense_wide, 300 MiB address-space cap", DENSE_WIDE, 4096, headroom_bytes=300 * MIB, full_repeats=1),
+    Scenario("dense_wide, 300 MiB cap, search told only the RAM", DENSE_WIDE, 4096, headroom_bytes=300 * MIB,
+             search_knows_cap=False, full_repeats=1),
+    # FACTS.md: 849 MiB + 11.6 MiB per sample, so a ceiling near 60: under 128, where the
+    # shrink-from-128 finders have something to find.
+    Scenario("mobilenet_v2 96px, 1.5 GiB resident budget", "mobilenet_v2", 4096, budget_bytes=1536 * MIB,
+             full_repeats=1),
+    # Measured here: 785 MiB at batch 64, 1025 MiB at 512 (fresh process), so a ceiling near 1000.
+    Scenario("text_cnn, 1.25 GiB resident budget", "text_cnn", 8192, budget_bytes=1280 * MIB, full_repeats=1),
+    # A built-in model under a cap (mlp: ~10 KiB per sample; a noisy boundary, see above).
+    Scenario("mlp, 256 MiB address-space cap", "mlp", 65536, headroom_bytes=256 * MIB, full_repeats=1),
+)
+
+class _CountingList(list):
+    """The probe's worker list, counting every worker put in (api._worker_for also takes closed ones out)."""
+
+    appended = 0
+
+    def append(self, item) -> None:
+        self.appended += 1
+        super().append(item)
+
+
+def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
+    """One probe with `strategy` on edgebatch's trial runner; what it found and what it cost."""
+    from edgebatch.errors import EdgebatchError
+    from edgebatch.probe import api
+    from edgebatch.probe.search import SearchConfig
+    from edgebatch.probe.worker import WorkerSetup, start_worker
+    from edgebatch.zoo import parse_model_spec
+
+    setup = WorkerSetup(
+        model_spec=parse_model_spec(scenario.model).text,
+        device="CPU:0",
+        steps_per_trial=scenario.steps_per_trial,
+        address_space_headroom_bytes=scenario.headroom_bytes,
+    )
+    workers = _CountingList()
+    trials, found, error, baseline, budget = [], None, None, None, scenario.budget_bytes
+    started = time.perf_counter()
+    try:
+        scout = start_worker(setup)
+        workers.append(scout)
+        baseline = scout.facts.get("baseline_process_bytes")
+        if budget is None and scenario.search_knows_cap:
+            budget = baseline + scenario.headroom_bytes
+        elif budget is None:
+            from edgebatch.sensors import read_host_memory
+
+            budget = read_host_memory().total_bytes
+        # api.run_probe builds this config before the scout exists and so cannot pass the baseline
+        # (see the report); everything else is what it passes on CPU.
+        config = SearchConfig(
+            budget_bytes=budget, start_batch=start_batch, max_batch=scenario.max_batch, strategy=strategy,
+            refuse_predicted_over_budget=True, baseline_bytes=baseline,
+        )
+        trials, final = api._search(config, setup, workers, "process_peak", lambda line: None)
+        found = final.max_batch
+    except EdgebatchError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        for worker in workers:
+            worker.close()
+    seconds = time.perf_counter() - started
+    measured = [t for t in trials if t.measured]
+    return {
+        "strategy": strategy,
+        "start_batch": start_batch,
+        "found": found,
+        "error": error,
+        "wall_seconds": round(seconds, 2),
+        "trials": len(measured),
+        "failed_trials": sum(not t.ok for t in measured),
+        "oom_trials": sum(t.error in ("oom", "worker_killed") for t in measured),
+        "skipped": len(trials) - len(measured),
+        "workers_started": workers.appended,
+        "baseline_bytes": baseline,
+        "budget_bytes": budget,
+        "trial_log": [
+            {"batch": t.batch, "ok": t.ok, "error": t.error, "peak_bytes": t.peak_bytes, "measured": t.measured,
+             "samples_per_second": t.samples_per_second}
+            for t in trials
+        ],
+    }
+
+
+def run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until) -> dict:
+    with capped_malloc_arenas() if scenario.headroom_bytes else nullcontext():
+        return _run_scenario(scenario, repeats, methods_until, truth_until)
+
+
+def _run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until) -> dict:
+    runs: dict[str, list[dict]] = {name: [] for name, _ in METHODS}
+    skipped = []
+    cost = {name: FIRST_RUN_GUESS_SECONDS for name, _ in METHODS}
+    for repeat in range(repeats):
+        for name, start in METHODS:
+            if methods_until() < cost[name]:
+                skipped.append(f"{name} repeat {repeat + 1}: time budget")
+                continue
+            run = run_method(scenario, name, start)
+            run["repeat"] = repeat
+            cost[name] = run["wall_seconds"]
+            runs[name].append(run)
+            log(f"probe {scenario.model.split('/')[-1]} {name:>18}: found {run['found']} in {run['trials']} trials "
+                f"({run['failed_trials']} failed), {run['wall_seconds']:.0f} s {run['error'] or ''}")
+    found = [r["found"] for method in runs.values() for r in method]
+    hints = [t["batch"] for method in runs.values() for r in method for t in r["trial_log"] if t["measured"] and not t["ok"]]
+    truth = measure_truth(
+        scenario.model, found, hints,
+        budget_bytes=scenario.budget_bytes, headroom_bytes=scenario.headroom_bytes, seconds_left=truth_until,
+    )
+    # Lightning's binsearch hands back its answer less a 5% margin (margin=0.05, binsearch only); the
+    # search strategy here stops before that step, so the margin is applied to the same runs.
+    runs[BINSEARCH_MARGIN] = [
+        {**run, "strategy": BINSEARCH_MARGIN, "derived_from": "binsearch", "trial_log": [],
+         "found": int(run["found"] * (1 - LIGHTNING_MARGIN)) if run["found"] else None}
+        for run in runs["binsearch"]
+    ]
+    for method in runs.values():
+        for run in method:
+            run.update(judge(run["found"], truth))
+    return {
+        "scenario": asdict(scenario),
+        "truth": truth,
+        "runs": runs,
+        "summary": summarise(runs),
+        "skipped": skipped,
+    }
+
+
+def summarise(runs: dict[str, list[dict]]) -> dict:
+    """Per method: Stats of trials, failures, seconds, found, found/true; ratios to binsearch by repeat."""
+    # Repeat i of a method against repeat i of binsearch: the same stretch of machine time (a repeat
+    # skipped for time on either side leaves the pair out).
+    reference = {r["repeat"]: r for r in runs.get("binsearch", [])}
+
+    def versus(method: list[dict], key: str):
+        pairs = [(r[key], reference[r["repeat"]][key]) for r in method if r["repeat"] in reference]
+        return ratio_stat([a for a, _ in pairs], [b for _, b in pairs])
+
+    summary = {}
+    for name, method in runs.items():
+        if not method:
+            continue
+        summary[name] = {
+            "runs": len(method),
+            "trials": stat_of([r["trials"] for r in method]),
+            "failed_trials": stat_of([r["failed_trials"] for r in method]),
+            "wall_seconds": stat_of([r["wall_seconds"] for r in method]),
+            "workers_started": stat_of([r["workers_started"] for r in method]),
+            "found": stat_of([r["found"] for r in method]),
+            "found_over_true": stat_of([r.get("found_over_true") for r in method]),
+            "unsafe_runs": sum(bool(r.get("unsafe")) for r in method),
+            "unchecked_runs": sum(r.get("unsafe") is None for r in method),
+            "no_answer_runs": sum(r["found"] is None for r in method),
+            "trials_vs_binsearch": versus(method, "trials"),
+            "wall_vs_binsearch": versus(method, "wall_seconds"),
+        }
+    return summary
+
+
+def run(mode: Mode, deadline: Deadline, methods_end: float, truth_end: float) -> dict:
+    """Section 1 of the run. Methods may use the allowance up to `methods_end` (a fraction of the
+    whole run's), their truths up to `truth_end`."""
+    scenarios = QUICK_SCENARIOS if mode.quick else FULL_SCENARIOS
+    # Quick mode runs each method once: one probe costs 1-6 worker starts of 8-20 s each here, and
+    # every real OOM about 10 s more (the allocator retries before it gives up).
+    repeats = [1 if mode.quick else (s.full_repeats or mode.repeats) for s in scenarios]
+    start = deadline.elapsed() / deadline.seconds
+    methods_share = (methods_end - start) / (truth_end - start)
+    results = []
+    for index, scenario in enumerate(scenarios):
+        # The scenarios still to run share what is left in proportion to their repeats; within a
+        # share, the methods come first and the truth gets the rest.
+        now = deadline.elapsed() / deadline.seconds
+        share = (truth_end - now) * repeats[index] / sum(repeats[index:])
+        result = run_scenario(
+            scenario, repeats[index],
+            methods_until=lambda stop=now + share * methods_share: deadline.until(stop),
+            truth_until=lambda stop=now + share: deadline.until(stop),
+        )
+        result["repeats"] = repeats[index]
+        results.append(result)
+    return {"repeats": max(repeats), "scenarios": results}

@@ -1,0 +1,151 @@
+"""The independent truth for the probe benchmark: does batch B fit, in a fresh process?
+
+Each check runs tests/support/fresh_step.py (its own step, loss and data, apart from the probe's
+code on purpose) in a new process: 10 steps at B, then VmHWM; under an address-space cap, whether it
+ran at all (a segfault from a oneDNN convolution counts as not fitting, FACTS.md). A check costs a
+TensorFlow import (10-20 s on the shared 2-core machines), so the truth is searched only near the
+boundary: the methods' answers first, from the largest down, then a search between the largest
+fresh fit and the smallest fresh failure above it, to `resolution` (1% by default).
+
+The bisection assumes a batch above a failure fails too; FACTS.md says the boundary is fuzzy (1%
+under the edge a batch can fail one run in five), so the report lists any failure found below the
+ceiling (`failures_below_ceiling`) instead of hiding it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from harness import ROOT, log, run_child
+
+FRESH_STEP = ROOT / "tests" / "support" / "fresh_step.py"
+TRUTH_STEPS = 10  # FACTS.md: the resident peak climbs for 5-11 steps
+CHECK_TIMEOUT_SECONDS = 300
+# Largest number of fresh processes one truth may start, so a pathological case cannot eat a run.
+MAX_CHECKS = 14
+PARALLEL_CHECKS = 2
+
+
+def fresh_check(model_spec: str, batch: int, budget_bytes: int | None, headroom_bytes: int | None) -> dict:
+    """One fresh-process run at `batch`: fits = it ran (and, with a budget, its peak fit the budget)."""
+    args = [str(FRESH_STEP), model_spec, str(batch), str(TRUTH_STEPS)]
+    if headroom_bytes is not None:
+        args.append(str(headroom_bytes))
+    child = run_child(args, CHECK_TIMEOUT_SECONDS)
+    reply = child.reply or {}
+    ok = bool(reply.get("ok"))
+    peak = reply.get("peak_bytes")
+    fits = ok and (budget_bytes is None or (peak is not None and peak <= budget_bytes))
+    if child.returncode is None:
+        error = "timeout"
+    elif child.reply is None:
+        error = f"exit {child.returncode}"  # killed by a signal: a segfaulting OOM
+    else:
+        error = reply.get("error")
+    return {"batch": batch, "fits": fits, "ran": ok, "peak_bytes": peak, "error": (error or None) and str(error)[:160],
+            "seconds": round(child.seconds, 2)}
+
+
+def measure_truth(
+    model_spec: str,
+    found: Iterable[int | None],
+    failed_hints: Iterable[int],
+    *,
+    budget_bytes: int | None,
+    headroom_bytes: int | None,
+    seconds_left,
+    resolution: float = 0.01,
+    check_cost_seconds: float = 15.0,
+) -> dict:
+    """The largest batch that fits in a fresh process, near the methods' answers.
+
+    `found`: the methods' answers; `failed_hints`: batches some method saw fail (first guesses for
+    the failure above the ceiling); `seconds_left()`: time this truth may still take. Two checks run
+    at a time (a check is a memory fact, not a timing, so sharing the cores does not change it;
+    three-way splits then narrow the interval as fast as two bisection steps). Returns the ceiling
+    (a fresh fit), the first fresh failure above it, every check, and whether the interval was
+    narrowed to `resolution`.
+    """
+    checks: dict[int, dict] = {}
+    answers = sorted({b for b in found if b}, reverse=True)
+    hints = sorted(set(failed_hints))
+    with ThreadPoolExecutor(max_workers=PARALLEL_CHECKS) as pool:
+        while len(checks) < MAX_CHECKS and seconds_left() >= check_cost_seconds:
+            wanted = _wanted(checks, answers, hints, resolution)[: min(PARALLEL_CHECKS, MAX_CHECKS - len(checks))]
+            if not wanted:
+                break
+            futures = {b: pool.submit(fresh_check, model_spec, b, budget_bytes, headroom_bytes) for b in wanted}
+            for batch, future in futures.items():
+                result = checks[batch] = future.result()
+                detail = " ".join(str(result["error"] or result["peak_bytes"]).split())[:80]
+                log(f"truth {model_spec.split('/')[-1]} batch {batch}: {'fits' if result['fits'] else 'FAILS'} "
+                    f"({detail}, {result['seconds']:.0f} s)")
+    lo = _largest_fit(checks)
+    hi = _first_failure_above(checks, lo)
+    narrowed = lo is not None and hi is not None and hi - lo <= max(1, resolution * lo)
+    return {
+        "ceiling": lo,
+        "first_failure_above": hi,
+        "narrowed_to_resolution": narrowed,
+        "resolution": resolution,
+        "checks": [checks[b] for b in sorted(checks)],
+        "failures_below_ceiling": sorted(b for b, c in checks.items() if not c["fits"] and lo is not None and b < lo),
+        "seconds": round(sum(c["seconds"] for c in checks.values()), 1),
+    }
+
+
+def _wanted(checks: dict[int, dict], answers: list[int], hints: list[int], resolution: float) -> list[int]:
+    """The next batches worth a fresh process, most useful first (see measure_truth)."""
+    lo = _largest_fit(checks)
+    hi = _first_failure_above(checks, lo)
+    # Answers still open: above every fresh fit and below every fresh failure (judge() calls an
+    # answer at or above a fresh failure unsafe without running it).
+    pending = [a for a in answers if a not in checks and (lo is None or a > lo) and (hi is None or a < hi)]
+    wanted = pending[:2] if hi is not None else pending[:1]
+    reference = max(pending[:1] + ([lo] if lo is not None else []), default=None)
+    if reference is None:
+        if hi is not None:  # every answer failed: walk down for a fit
+            wanted += [b for b in (int(hi * 0.8), int(hi * 0.6)) if b >= 1]
+    elif hi is None:
+        above = [h for h in hints if h > reference and h not in checks]
+        wanted += sorted(set(above[:1] + [int(reference * 1.08) + 1]))
+    elif not pending and lo is not None and hi - lo > max(1, resolution * lo):
+        step = max(1, resolution * lo)
+        wanted += [lo + (hi - lo) // 3, lo + 2 * (hi - lo) // 3] if hi - lo > 3 * step else [(lo + hi) // 2]
+    unique = []
+    for batch in wanted:
+        if batch not in checks and batch not in unique:
+            unique.append(batch)
+    return unique
+
+
+def judge(found: int | None, truth: dict) -> dict:
+    """found / true ceiling, and whether the answer was unsafe (failed, or above the truth)."""
+    ceiling = truth.get("ceiling")
+    checked = {c["batch"]: c for c in truth.get("checks", [])}
+    if found is None:
+        return {"found_over_true": None, "found_over_true_low": None, "unsafe": False, "verdict": "no answer"}
+    ratio = found / ceiling if ceiling else None
+    # The true ceiling lies in [ceiling, first_failure_above - 1]: the ratio's other end.
+    above = truth.get("first_failure_above")
+    ratio_low = found / (above - 1) if ceiling and above and above - 1 >= ceiling else None
+    if found in checked:
+        unsafe = not checked[found]["fits"]
+        verdict = "failed in a fresh process" if unsafe else "fits in a fresh process"
+    elif ceiling is not None and found <= ceiling:
+        unsafe, verdict = False, "below a fresh fit"
+    elif truth.get("first_failure_above") is not None and found >= truth["first_failure_above"]:
+        unsafe, verdict = True, "at or above a fresh failure"
+    else:
+        unsafe, verdict = None, "not checked"
+    return {"found_over_true": ratio, "found_over_true_low": ratio_low, "unsafe": unsafe, "verdict": verdict}
+
+
+def _largest_fit(checks: dict[int, dict]) -> int | None:
+    return max((b for b, c in checks.items() if c["fits"]), default=None)
+
+
+def _first_failure_above(checks: dict[int, dict], lo: int | None) -> int | None:
+    """The smallest fresh failure above `lo` (above nothing when no batch fitted yet)."""
+    return min((b for b, c in checks.items() if not c["fits"] and (lo is None or b > lo)), default=None)

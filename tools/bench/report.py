@@ -1,0 +1,351 @@
+"""BENCHMARKS.md and the PNG plots from one run's results (the dict run.py also writes as JSON).
+
+Pure formatting and matplotlib (Agg backend); no TensorFlow. Every figure is shown as
+`median [min-max]` over the repeats it says, and every target is judged on the numbers as measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness import MIB, Stat
+
+PLOTS = {
+    "memory": "memory_vs_batch.png",
+    "throughput": "throughput_vs_batch.png",
+    "pressure": "batch_over_time.png",
+}
+
+
+def _stat(value) -> Stat | None:
+    if value is None:
+        return None
+    if isinstance(value, Stat):
+        return value
+    return Stat(**value)
+
+
+def fmt(value, digits: int = 2, scale: float = 1.0, percent: bool = False) -> str:
+    """`median [min-max]` of a Stat (or a bare number), scaled; '-' when absent."""
+    stat = _stat(value) if isinstance(value, (dict, Stat)) or value is None else None
+    if stat is None and isinstance(value, (int, float)):
+        stat = Stat(value, value, value, 1)
+    if stat is None:
+        return "-"
+    factor = 100.0 * scale if percent else scale
+    suffix = "%" if percent else ""
+    mid, low, high = stat.median * factor, stat.min * factor, stat.max * factor
+    if stat.n == 1 or abs(high - low) < 10 ** (-digits) / 2:
+        return f"{mid:.{digits}f}{suffix}"
+    return f"{mid:.{digits}f}{suffix} [{low:.{digits}f}-{high:.{digits}f}]"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _verdict(ok: bool | None) -> str:
+    return {True: "met", False: "**not met**", None: "not measured"}[ok]
+
+
+def targets(results: dict) -> list[list[str]]:
+    """The issue's targets against what this run measured (first probe scenario for the probe's)."""
+    sections = results.get("sections", {})
+    rows = []
+    scenarios = (sections.get("probe") or {}).get("scenarios") or []
+    summary = scenarios[0]["summary"] if scenarios else {}
+    slow = summary.get("slow_start")
+    if slow:
+        ratio = _stat(slow["found_over_true"])
+        ok = None if ratio is None else ratio.min >= 0.97 and slow["unsafe_runs"] == 0
+        if ok and not scenarios[0]["truth"]["narrowed_to_resolution"]:
+            ok = None  # the ratio is only an upper bound
+        rows.append(["found/true >= 0.97, no unsafe answer (slow_start)",
+                     f"{fmt(ratio, 3)}; unsafe runs {slow['unsafe_runs']}/{slow['runs']}", _verdict(ok)])
+        for key, label in (("trials_vs_binsearch", "trials"), ("wall_vs_binsearch", "wall seconds")):
+            value = _stat(slow.get(key))
+            rows.append([f"{label} <= 0.5 x binsearch's", fmt(value, 2),
+                         _verdict(None if value is None else value.median <= 0.5)])
+    governor = sections.get("governor") or {}
+    share = _stat(governor.get("per_update_share"))
+    if governor:
+        rows.append(["governor overhead < 1% of the step", f"{fmt(share, 3, percent=True)} of a {governor.get('model')} "
+                     f"step at batch {governor.get('knee_batch')}", _verdict(None if share is None else share.max < 0.01)])
+    training = sections.get("training") or {}
+    ratio = _stat((training.get("no_pressure") or {}).get("governed_vs_oracle"))
+    if training:
+        rows.append(["governed >= 0.95 x oracle samples/s, no pressure", fmt(ratio, 3),
+                     _verdict(None if ratio is None else ratio.median >= 0.95)])
+        pressure = (training.get("pressure") or {}).get("summary") or {}
+        governed = [s for label, s in pressure.items() if label.startswith("governed") and s["runs"]]
+        static = [s for label, s in pressure.items() if label.startswith("static") and s["runs"]]
+        if governed and static:
+            done = sum(s["completed_runs"] for s in governed), sum(s["runs"] for s in governed)
+            static_done = sum(s["completed_runs"] for s in static), sum(s["runs"] for s in static)
+            ok = done[0] == done[1] and static_done[0] < static_done[1]
+            rows.append(["completes where a static batch at the ceiling fails",
+                         f"governed completed {done[0]}/{done[1]}, static {static_done[0]}/{static_done[1]}", _verdict(ok)])
+        else:
+            rows.append(["completes where a static batch at the ceiling fails", "-", _verdict(None)])
+    return rows
+
+
+def probe_lines(section: dict) -> list[str]:
+    lines = []
+    for scenario in section.get("scenarios", []):
+        info, truth = scenario["scenario"], scenario["truth"]
+        lines += ["", f"### {info['name']}", ""]
+        if info.get("headroom_bytes"):
+            told = ("the room the cap leaves (the scout's resident baseline + the headroom)"
+                    if info.get("search_knows_cap", True) else "only the machine's RAM")
+            lines.append(f"Address-space cap: worker size after setup + {info['headroom_bytes'] / MIB:.0f} MiB; the search "
+                         f"is told {told}. A trial fails when it raises an OOM, its worker dies, or its peak is over "
+                         "the budget it was told; the truth is whether a fresh process runs under the same cap.")
+        else:
+            lines.append(f"Resident budget {info['budget_bytes'] / MIB:.0f} MiB, told to every method; a trial fails "
+                         "when its measured peak is over it.")
+        if not truth["checks"]:
+            bracket = None
+        elif truth["first_failure_above"] is None:
+            bracket = "no fresh failure above it was run, so found/true is an upper bound (time budget)"
+        elif truth["narrowed_to_resolution"]:
+            bracket = f"{truth['first_failure_above']} fails: the truth is known to {truth['resolution']:.0%}"
+        else:
+            bracket = f"{truth['first_failure_above']} fails: NOT narrowed to {truth['resolution']:.0%} (time budget)"
+        planned = f"{scenario.get('repeats', '-')} run(s) per method planned."
+        if bracket is None:
+            lines.append(f"{planned} True ceiling: not measured (no time left for fresh processes).")
+        elif truth["ceiling"] is None:
+            lines.append(f"{planned} True ceiling: no batch tried in a fresh process fitted ({len(truth['checks'])} checks).")
+        else:
+            lines.append(f"{planned} True ceiling (fresh processes, {len(truth['checks'])} checks, {truth['seconds']:.0f} s "
+                         f"of child time): **{truth['ceiling']}** fits; {bracket}.")
+        if truth.get("failures_below_ceiling"):
+            lines.append(f"Fresh failures below the ceiling (the fuzzy boundary): {truth['failures_below_ceiling']}.")
+        rows = []
+        for name, s in scenario["summary"].items():
+            rows.append([name, str(s["runs"]), fmt(s["trials"], 0), fmt(s["failed_trials"], 0),
+                         fmt(s["workers_started"], 0), fmt(s["wall_seconds"], 0), fmt(s["found"], 0),
+                         fmt(s["found_over_true"], 3), f"{s['unsafe_runs']}" + (f" ({s['unchecked_runs']} unchecked)" if s["unchecked_runs"] else ""),
+                         fmt(s["trials_vs_binsearch"], 2), fmt(s["wall_vs_binsearch"], 2)])
+        if rows:
+            lines += [""] + _table(["method", "runs", "trials", "failed", "workers", "wall s", "found", "found/true",
+                                    "unsafe", "trials / binsearch", "wall / binsearch"], rows)
+        else:
+            lines += ["", "No method ran in the time budget."]
+        if scenario.get("skipped"):
+            counts: dict[str, int] = {}
+            for entry in scenario["skipped"]:
+                name = entry.split(" repeat ")[0]
+                counts[name] = counts.get(name, 0) + 1
+            lines += ["", "Skipped for time: " + ", ".join(f"{name} x{n}" for name, n in counts.items()) + "."]
+    return lines
+
+
+def governor_lines(g: dict) -> list[str]:
+    rows = [
+        ["Governor.observe", fmt(g.get("observe_us"), 1), fmt(g.get("observe_share"), 4, percent=True)],
+        ["PressureReader.read (forced)", fmt(g.get("read_us"), 1), fmt(g.get("read_share_every_update"), 4, percent=True)],
+        ["read, amortised (1 per 10 updates and 0.5 s)", "-", fmt(g.get("read_share_amortised"), 4, percent=True)],
+        ["per update in training (observe + amortised read)", "-", fmt(g.get("per_update_share"), 4, percent=True)],
+    ]
+    return [
+        f"Model {g['model']}, knee batch {g['knee_batch']} (smallest batch within 5% of the best samples/s of the "
+        f"sweep below); training step there {fmt(g.get('step_us'), 0, scale=1e-3)} ms; {g['repeats']} repeats; sensor "
+        f"sources: {', '.join(g.get('sensor_sources') or [])}.", "",
+        *_table(["cost", "microseconds per call", "share of the step"], rows), "",
+        *_table(["batch", "step ms", "samples/s"], [
+            [str(r["batch"]), fmt(r["step_seconds"], 1, scale=1e3), fmt(r["samples_per_second"], 0)]
+            for r in g["sweep"]["rows"]
+        ]),
+    ]
+
+
+def training_lines(t: dict) -> list[str]:
+    lines = []
+    n = t.get("no_pressure")
+    if n:
+        sweep = ", ".join(f"{b}: {s:.0f}" for b, s in n["static_sweep_samples_per_second"].items() if s)
+        decisions = sum(f["decisions"] for f in n["governed_facts"])
+        lines += [f"No pressure: {n['model']}, static sweep (samples/s) {sweep}; oracle batch {n['oracle_batch']}; "
+                  f"{n['updates_timed']} timed updates per run, {n['repeats']} repeats; governor decisions during "
+                  f"these runs: {decisions}.", ""]
+        rows = [
+            [f"static, batch {n['oracle_batch']} (oracle)", fmt(n["static_samples_per_second"], 0), "1"],
+            [f"fit, effective {n['oracle_batch']}, ceiling {n['oracle_batch']}", fmt(n["governed_samples_per_second"], 0),
+             fmt(n["governed_vs_oracle"], 3)],
+        ]
+        if n.get("governed_accumulating_samples_per_second"):
+            rows.append([f"fit, effective {2 * n['oracle_batch']} as 2 x {n['oracle_batch']} (accumulating)",
+                         fmt(n["governed_accumulating_samples_per_second"], 0), fmt(n["governed_accumulating_vs_oracle"], 3)])
+        lines += _table(["run", "samples/s", "vs oracle (same repeat)"], rows)
+    p = t.get("pressure")
+    if p:
+        lines += ["", f"Pressure: {p['model']} under an address-space cap (MiB over the process's size after setup); "
+                  f"the static loop runs at the ceiling {p['ceiling_batch']}; the governed run starts at that ceiling with "
+                  f"effective batch {p['ceiling_batch']}; {p['updates_planned']} updates planned; {p['repeats']} "
+                  "repeat(s) per row.", ""]
+        rows = []
+        for label, s in p["summary"].items():
+            if s["runs"]:
+                rows.append([label, f"{s['completed_runs']}/{s['runs']}", fmt(s["updates_done"], 0), fmt(s["oom_events"], 0),
+                             fmt(s["samples_per_second"], 0), fmt(s["steady_samples_per_second"], 0),
+                             "; ".join(e[:120] for e in s.get("errors", [])) or "-"])
+        if rows:
+            lines += _table(["run", "completed", "updates", "OOM events", "samples/s (all)",
+                             "samples/s (after last OOM)", "error"], rows)
+        else:
+            lines.append("No pressure run fitted in the time budget.")
+        if p.get("skipped"):
+            lines += ["", "Skipped: " + "; ".join(p["skipped"]) + "."]
+    return lines
+
+
+def retracing_lines(r: dict) -> list[str]:
+    rows = [[name, fmt(v["traces"], 0), fmt(v["compile_seconds"], 2), fmt(v["seconds"], 2), fmt(v["seconds_vs_edgebatch"], 2)]
+            for name, v in r["variants"].items()]
+    return [f"Model {r['model']}, micro-batch sizes {r['sizes']} in that order, {r['repeats']} repeats.", "",
+            *_table(["step", "traces", "compile s", "total s", "total / edgebatch"], rows)]
+
+
+def write_markdown(results: dict, path: Path, plots_dir: Path) -> None:
+    env, mode = results["environment"], results["mode"]
+    sections = results.get("sections", {})
+    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+    relative = plots_dir.relative_to(path.parent)
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `python tools/bench/run.py{' --quick' if mode['name'] == 'quick' else ''}` on {env['date_utc']}; "
+        f"raw numbers in `{relative}/results.json`. Rerun to refresh; do not edit by hand.",
+        "",
+        f"- Machine: {env['cpu']}, {env['cores']} cores, {env['memory_total_bytes'] / 2**30:.1f} GiB RAM; {env['platform']}",
+        f"- Versions: Python {env['python']}, {versions}; commit {env.get('git_commit') or '-'}",
+        f"- Mode: {mode['name']} ({mode['repeats']} repeats per figure unless a table says otherwise; the probe "
+        f"section: {(sections.get('probe') or {}).get('repeats', '-')} per method); run took {results['seconds']:.0f} s.",
+        f"- Load average at start {env.get('load_average_at_start')}, at end {env.get('load_average_at_end')}: the "
+        "machine is shared, so figures are `median [min-max]` and comparisons are ratios taken within each repeat.",
+        "",
+        "## Targets",
+        "",
+        *_table(["target", "measured", "verdict"], targets(results)),
+    ]
+    titles = {"probe": "1. Probe accuracy and cost", "governor": "2. Governor cost", "training": "3. Training throughput",
+              "retracing": "4. Retracing as the micro-batch changes"}
+    writers = {"probe": probe_lines, "governor": governor_lines, "training": training_lines, "retracing": retracing_lines}
+    for key, title in titles.items():
+        lines += ["", f"## {title}", ""]
+        if key in results.get("errors", {}):
+            lines.append(f"Failed: `{results['errors'][key].strip().splitlines()[-1]}` (traceback in results.json).")
+        elif sections.get(key):
+            lines += writers[key](sections[key])
+        else:
+            lines.append("Not run (time budget or --only).")
+    lines += ["", "## Plots", ""]
+    for name in PLOTS.values():
+        if (plots_dir / name).exists():
+            lines.append(f"![{name}]({relative}/{name})")
+    lines += ["", *results.get("notes", [])]
+    path.write_text("\n".join(lines).rstrip() + "\n")
+
+
+def write_plots(results: dict, plots_dir: Path) -> list[str]:
+    """The three PNGs; returns the names written (a section that did not run has no plot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    written = []
+    sections = results.get("sections", {})
+    scenarios = (sections.get("probe") or {}).get("scenarios") or []
+    if scenarios:
+        fig, axes = plt.subplots(1, len(scenarios), figsize=(6.5 * len(scenarios), 4.5), squeeze=False)
+        for axis, scenario in zip(axes[0], scenarios):
+            _memory_axis(axis, scenario)
+        fig.tight_layout()
+        fig.savefig(plots_dir / PLOTS["memory"], dpi=110)
+        plt.close(fig)
+        written.append(PLOTS["memory"])
+    governor, training = sections.get("governor"), sections.get("training") or {}
+    if governor:
+        fig, axis = plt.subplots(figsize=(6.5, 4.5))
+        rows = governor["sweep"]["rows"]
+        batches = [r["batch"] for r in rows]
+        medians = [r["samples_per_second"]["median"] for r in rows]
+        errors = [[m - r["samples_per_second"]["min"] for m, r in zip(medians, rows)],
+                  [r["samples_per_second"]["max"] - m for m, r in zip(medians, rows)]]
+        axis.errorbar(batches, medians, yerr=errors, marker="o", capsize=3, label=f"{governor['model']} training step")
+        axis.axvline(governor["knee_batch"], color="grey", linestyle="--", label=f"knee {governor['knee_batch']}")
+        sweep = (training.get("no_pressure") or {}).get("static_sweep_samples_per_second") or {}
+        if sweep:
+            axis.plot([int(b) for b in sweep], list(sweep.values()), "s--", label="small_cnn static loop (training section)")
+        axis.set(xscale="log", xlabel="batch", ylabel="samples/s", title="Throughput vs batch (median, min-max)")
+        axis.legend()
+        fig.tight_layout()
+        fig.savefig(plots_dir / PLOTS["throughput"], dpi=110)
+        plt.close(fig)
+        written.append(PLOTS["throughput"])
+    pressure = training.get("pressure") or {}
+    by_cap = pressure.get("runs") or {}
+    if any(run for kinds in by_cap.values() for run in kinds.values()):
+        fig, axis = plt.subplots(figsize=(6.5, 4.5))
+        for headroom, kinds in by_cap.items():
+            for kind, style in (("governed", "-"), ("static", "--")):
+                for index, run in enumerate(kinds.get(kind, [])):
+                    timeline = run.get("timeline") or []
+                    label = f"{kind}, {int(headroom) // MIB} MiB cap" if index == 0 else None
+                    if timeline:
+                        axis.step([0] + [t["update"] for t in timeline],
+                                  [pressure["ceiling_batch"]] + [t["micro_batch"] for t in timeline],
+                                  style, where="pre", label=label)
+                        ooms = [t for t in timeline if t["oom_events"]]
+                        axis.plot([t["update"] for t in ooms], [t["micro_batch"] for t in ooms], "rx")
+                    if not run.get("completed"):
+                        axis.plot([len(timeline)], [timeline[-1]["micro_batch"] if timeline else pressure["ceiling_batch"]],
+                                  "kv", markersize=9, label=(label + ": stopped") if label else None)
+        axis.set_yscale("log", base=2)
+        axis.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        axis.set(xlabel="optimizer update", ylabel="micro-batch (largest in the update)",
+                 title="Micro-batch over time under an address-space cap\n(x: update that met OOMs; v: run stopped)")
+        axis.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(plots_dir / PLOTS["pressure"], dpi=110)
+        plt.close(fig)
+        written.append(PLOTS["pressure"])
+    return written
+
+
+def _memory_axis(axis, scenario: dict) -> None:
+    markers = iter("os^vD<>")
+    top = 0.0
+    for name in ("slow_start", "binsearch", "power"):
+        for index, run in enumerate(scenario["runs"].get(name, [])[:1]):
+            points = [(t["batch"], t["peak_bytes"] / MIB) for t in run["trial_log"] if t["measured"] and t["peak_bytes"]]
+            failed = [t["batch"] for t in run["trial_log"] if t["measured"] and not t["ok"]]
+            if points:
+                top = max(top, max(p for _, p in points))
+                axis.plot(*zip(*sorted(points)), marker=next(markers), linestyle="", alpha=0.7, label=f"{name} trials")
+            if failed:
+                axis.plot(failed, [None] * len(failed))  # keep the x range
+                axis.vlines(failed, 0, 1, transform=axis.get_xaxis_transform(), colors="red", alpha=0.25)
+    checks = scenario["truth"]["checks"]
+    fresh = [(c["batch"], c["peak_bytes"] / MIB) for c in checks if c["peak_bytes"]]
+    if fresh:
+        axis.plot(*zip(*sorted(fresh)), "k*", markersize=9, label="fresh process (truth)")
+    fresh_failures = [c["batch"] for c in checks if not c["fits"]]
+    if fresh_failures:
+        axis.plot(fresh_failures, [0.02] * len(fresh_failures), "kX", markersize=9,
+                  transform=axis.get_xaxis_transform(), label="fresh process failed")
+    if scenario["truth"]["ceiling"]:
+        axis.axvline(scenario["truth"]["ceiling"], color="black", linestyle=":", label="true ceiling")
+    budget = scenario["scenario"].get("budget_bytes")
+    if budget:
+        axis.axhline(budget / MIB, color="grey", linestyle="--", label="budget")
+    axis.set(xscale="log", xlabel="batch", ylabel="peak resident MiB",
+             title=f"{scenario['scenario']['name']}\n(red lines: failed trials)")
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize=7)
