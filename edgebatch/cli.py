@@ -13,6 +13,7 @@ import sys
 import click
 
 from edgebatch.errors import EdgebatchError, UsageError
+from edgebatch.probe.search import STRATEGIES
 from edgebatch.units import format_bytes
 from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZERS, PRECISIONS
 
@@ -74,8 +75,8 @@ def main() -> None:
               help="Timed training steps per trial, after one warm-up step.")
 @click.option("--trial-seconds", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Stop a trial's timed steps after this long (at least one step runs).")
-@click.option("--strategy", type=click.Choice(["slow_start", "binsearch", "power"]), default="slow_start", show_default=True,
-              help="Search strategy; binsearch and power are the classic baselines.")
+@click.option("--strategy", type=click.Choice(STRATEGIES), default="slow_start", show_default=True,
+              help="Search strategy; the others are the peers' finders, kept as baselines (BENCHMARKS.md).")
 @click.option("--profiles-dir", default=None, metavar="DIR",
               help="Where profiles live. Default: $EDGEBATCH_PROFILES, else ./device_profiles.")
 @click.option("--force", is_flag=True, help="Probe again even if a matching profile is cached.")

@@ -8,6 +8,7 @@ out of the measurement and a crashing trial cannot take the probe down.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import time
@@ -158,6 +159,9 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
     workers: list[Worker] = [scout]
     try:
         model_facts = scout.facts
+        # What one-shot estimators start from: the worker's memory before any trial batch.
+        baseline = model_facts.get("baseline_process_bytes" if measure == "process_peak" else "baseline_allocator_bytes")
+        config = dataclasses.replace(config, baseline_bytes=baseline)
         # Built-ins are known by their name; a user's function or file by the model's own name.
         name = spec.name if spec.kind == "builtin" else model_facts["name"]
         key = model_key(

@@ -224,7 +224,7 @@ class _GovernedLoop:
 
         try:
             self.steps.apply_step()
-        except tf.errors.ResourceExhaustedError as exc:
+        except (tf.errors.ResourceExhaustedError, MemoryError) as exc:
             # apply_gradients may have moved some variables already: a checkpoint now would be torn,
             # so the last periodic one stays the one to resume from.
             message = f"the optimizer update {self.progress.updates + 1} ran out of memory: {_first_line(exc)}"
@@ -274,7 +274,9 @@ class _GovernedLoop:
                 if injected is not None:
                     raise tf.errors.ResourceExhaustedError(None, None, injected)
                 loss_sums.append(self.steps.micro_step(x, y, update_examples))
-            except tf.errors.ResourceExhaustedError as exc:
+            except (tf.errors.ResourceExhaustedError, MemoryError) as exc:
+                # MemoryError: Python's own allocation failed (seen under an address-space cap
+                # while tracing, tools/bench); an out-of-memory all the same.
                 decision = self.governor.on_oom(size)
                 event = OomEvent(
                     update=self.progress.updates + 1, epoch=self.progress.epoch, micro_batch=size,
