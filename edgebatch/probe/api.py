@@ -77,48 +77,29 @@ class ProbeRequest:
 def probe(
     model="mobilenet_v2",
     *,
-    device: str | None = None,
-    memory_budget: str | int | None = None,
-    precision: str = "float32",
-    optimizer: str = "adam",
-    start: int = 8,
-    max_batch: int = 4096,
-    multiple: int = 1,
-    headroom: float = 0.10,
-    steps_per_trial: int = 3,
-    trial_seconds: float = 10.0,
-    strategy: str = "slow_start",
     profiles_dir: str | Path | None = None,
     force: bool = False,
     save: bool = True,
     progress: Progress | None = None,
-    worker_address_space_headroom_bytes: int | None = None,
+    **options,
 ) -> DeviceProfile:
     """Probe the largest safe training batch of `model` on `device` and return its DeviceProfile.
 
     `model` is a built-in name, "FILE.py:FUNCTION", a ".keras" path, or a Keras model object (saved
-    to a temporary .keras file for the worker). A cached profile for the same device and model key
-    is returned unless `force`. See device_profiles/README.md for every field.
+    to a temporary .keras file for the worker). `options` are ProbeRequest's fields, with its
+    defaults: device, memory_budget, precision, optimizer, start, max_batch, multiple, headroom,
+    steps_per_trial, trial_seconds, strategy, worker_address_space_headroom_bytes. A cached
+    profile for the same device and model key is returned unless `force`. See
+    device_profiles/README.md for every field.
     """
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ProbeRequest)} | ({"model"} & set(options)))
+    if unknown:
+        raise UsageError(f"unknown probe option(s) {', '.join(unknown)}: see edgebatch.probe.ProbeRequest")
     temp_model_file = None
     if not isinstance(model, str):
         temp_model_file = _save_model_object(model)
         model = temp_model_file
-    request = ProbeRequest(
-        model=model,
-        device=device,
-        memory_budget=memory_budget,
-        precision=precision,
-        optimizer=optimizer,
-        start=start,
-        max_batch=max_batch,
-        multiple=multiple,
-        headroom=headroom,
-        steps_per_trial=steps_per_trial,
-        trial_seconds=trial_seconds,
-        strategy=strategy,
-        worker_address_space_headroom_bytes=worker_address_space_headroom_bytes,
-    )
+    request = ProbeRequest(model=model, **options)
     try:
         return run_probe(request, profiles_dir=profiles_dir, force=force, save=save, progress=progress or _silent)
     finally:
