@@ -21,6 +21,20 @@ from edgebatch.sensors import (
 )
 
 DEFAULT_VOCABULARY = 1000
+# FACTS.md: a process's resident peak climbs in 40-250 MiB jumps over the first 5-11 steps at a
+# new size, so a 3-step trial reads 5-10% low (seen here too: small_cnn at 384 read 1.44 GiB in
+# 4 steps, 1.59 GiB in a fresh 10-step process). Steps continue, within --trial-seconds, until
+# the peak has not moved for SETTLE_STEPS steps, up to MAX_STEPS_PER_TRIAL.
+MAX_STEPS_PER_TRIAL = 14
+SETTLE_STEPS = 3
+SETTLE_FRACTION = 0.002
+
+
+def resident_peak_settled(peaks: list[int]) -> bool:
+    """True when the last SETTLE_STEPS readings rose by at most SETTLE_FRACTION in all."""
+    if len(peaks) <= SETTLE_STEPS:
+        return False
+    return peaks[-1] <= peaks[-1 - SETTLE_STEPS] * (1 + SETTLE_FRACTION)
 
 
 @dataclass(frozen=True)
@@ -131,6 +145,7 @@ class TrialRunner:
 
         reset_process_peak_rss()
         reset_allocator_peak(self.device)
+        track_resident = self.device.upper().startswith("CPU")
         try:
             with tf.device(self.device):
                 x, y = self.make_batch(batch)
@@ -138,10 +153,17 @@ class TrialRunner:
                 self._step(x, y).numpy()
                 warmup_seconds = time.perf_counter() - started
                 timings = [warmup_seconds] if warmup_seconds >= trial_seconds else []
-                while len(timings) < steps and sum(timings) < trial_seconds or not timings:
+                peaks = [process_peak_rss_bytes()] if track_resident else []
+                while not timings or (
+                    sum(timings) < trial_seconds
+                    and (len(timings) < steps or (track_resident and not resident_peak_settled(peaks)))
+                    and len(timings) < MAX_STEPS_PER_TRIAL
+                ):
                     started = time.perf_counter()
                     self._step(x, y).numpy()
                     timings.append(time.perf_counter() - started)
+                    if track_resident:
+                        peaks.append(process_peak_rss_bytes())
         except Exception as error:  # noqa: BLE001 - OOMs are outcomes; the caller re-raises others
             if is_oom_error(error):
                 return {"batch": batch, "ok": False, "error": "oom", "detail": str(error).splitlines()[0][:300]}
@@ -157,6 +179,7 @@ class TrialRunner:
             "step_seconds": step_seconds,
             "samples_per_second": batch / step_seconds,
             "timed_steps": len(timings),
+            "resident_settled": resident_peak_settled(peaks) if track_resident else None,
         }
 
     def model_facts(self) -> dict:
