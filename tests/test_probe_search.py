@@ -147,11 +147,9 @@ def test_noisy_boundary_never_answers_a_batch_that_failed():
         return (740 + 2.5 * b + (40 if (b // 7) % 2 else -40)) * MIB
 
     config = SearchConfig(budget_bytes=1536 * MIB)
-    outcomes = []
     answer, steps = simulate(config, peak)
     assert peak(answer) <= config.budget_bytes
     assert answer >= 0.93 * true_ceiling(peak, config.budget_bytes)
-    del outcomes
 
 
 @pytest.mark.parametrize(

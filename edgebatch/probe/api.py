@@ -104,7 +104,7 @@ def probe(
     profile for the same device and model key is returned unless `force`. See
     device_profiles/README.md for every field.
     """
-    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ProbeRequest)} | ({"model"} & set(options)))
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ProbeRequest)})
     if unknown:
         raise UsageError(f"unknown probe option(s) {', '.join(unknown)}: see edgebatch.probe.ProbeRequest")
     temp_model_file = None
