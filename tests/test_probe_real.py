@@ -42,8 +42,14 @@ def fits(spec, batch, budget_bytes, address_space_headroom=None):
     return result["ok"] and (result["peak_bytes"] or 0) <= budget_bytes, result
 
 
-def true_ceiling_above(spec, known_fit, budget_bytes, address_space_headroom=None, factor=1.08):
-    """Largest batch that fits in a fresh process, by bisection above a batch known to fit."""
+def true_ceiling_above(spec, known_fit, budget_bytes, address_space_headroom=None, factor=1.02):
+    """The edge below the first fresh failure above a batch known to fit, by 2% steps then bisection.
+
+    Not the largest batch that fits anywhere: small_cnn's settled peak is not monotone in batch
+    (fresh processes, 10 steps: 270: 1468 MiB, 280: 1355, 290: 1522, 300: 1548, 310: 1421,
+    320: 1443, 340: 1529, 350: 1553), so under 1.5 GiB batch 300 fails while 340 fits. Bigger
+    steps jump over such failures and call the far side the truth.
+    """
     lo, hi = known_fit, int(known_fit * factor) + 1
     while fits(spec, hi, budget_bytes, address_space_headroom)[0]:
         lo, hi = hi, int(hi * factor) + 1
@@ -107,7 +113,10 @@ def test_slow_start_needs_fewer_trials_than_plain_doubling_and_bisection(small_c
         f"binsearch: {plain_trials} trials, {plain.probe_seconds:.0f} s -> {plain.max_batch}"
     )
     assert slow_trials < plain_trials
-    assert small_cnn_profile.max_batch >= 0.97 * plain.max_batch
+    # Answers are not compared here: the test above holds slow_start to the fresh-process truth.
+    # binsearch can land past a batch that fails (it answered 332 where 300 fails in a fresh
+    # process and slow_start stops at 287, below the first failure; see true_ceiling_above).
+    assert plain.max_batch is not None
 
 
 def test_real_ooms_under_an_address_space_cap_are_survived_and_the_answer_runs(tmp_path, monkeypatch):

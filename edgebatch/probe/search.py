@@ -2,7 +2,8 @@
 
 No TensorFlow here. `next_step(config, outcomes)` looks at every trial so far and returns one of
 
-- `Run(batch)`: run a trial at this batch;
+- `Run(batch, fresh)`: run a trial at this batch (`fresh`: in a new worker process that has run
+  no other trial batch);
 - `Skip(batch, predicted_peak_bytes)`: the memory model predicts this batch is over budget, so it is
   recorded as a failure without running it (on CPU a real host OOM hurts other processes too);
 - `Done(max_batch)`: the search has converged (`max_batch` is None when not even the smallest
@@ -17,6 +18,12 @@ Strategies:
   to just under its predicted ceiling instead of doubling blindly, and never propose a batch the
   model predicts over budget. At the first failure bisect between the last fit and the first
   failure, guided by the model's ceiling when it falls inside the interval.
+  The endgame is measured fresh: a worker that ran earlier trials reads 5-6% high (memory it kept
+  from them is only partly reused: dense_wide at 300 read 1410 MiB after trials at 8..276 and
+  1327 MiB in a new process, where an independent fresh step read 1334 MiB). So once the model is
+  trusted every trial runs in a fresh worker, the model's line is moved to pass through the fresh
+  readings (the scout's slope, the fresh level), and the search does not stop on a failure a
+  reused worker measured or the model predicted: it runs that batch fresh first.
 - `binsearch`: plain doubling, then midpoint bisection (Lightning's binsearch). The baseline the
   slow start is measured against.
 - `power`: plain doubling until the first failure; answer the last fit (Lightning's power).
@@ -24,11 +31,12 @@ Strategies:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgebatch.errors import UsageError
-from edgebatch.probe.memory_fit import fit_memory_model
+from edgebatch.probe.memory_fit import fit_memory_model, split_fresh, turn_to_fresh
 from edgebatch.profiles.model import MemoryModel
 
 # The last three are the peers' finders, for benchmarks (baselines.py): Accelerate's shrink-on-OOM
@@ -53,6 +61,9 @@ class SearchConfig:
     min_fit_points: int = 3
     min_fit_r2: float = 0.98
     refuse_predicted_over_budget: bool = True
+    # slow_start only: trials after the model is trusted, and the check of the failure above the
+    # answer, run in fresh workers (see the module docstring).
+    fresh_endgame: bool = True
     # The worker's memory before any trial batch (same measure as the peaks); only the
     # one_shot_estimate baseline reads it.
     baseline_bytes: int | None = None
@@ -76,12 +87,17 @@ class SearchConfig:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one trial showed. `ran` is False for an OOM (or a worker killed) and for a skip."""
+    """What one trial showed. `ran` is False for an OOM (or a worker killed) and for a skip.
+
+    `fresh`: the trial was the first trial batch of its worker process, so nothing kept from
+    earlier trials lifted its reading.
+    """
 
     batch: int
     ran: bool
     peak_bytes: int | None = None
     measured: bool = True
+    fresh: bool = False
 
     def fits(self, budget_bytes: int) -> bool:
         return self.ran and self.peak_bytes is not None and self.peak_bytes <= budget_bytes
@@ -90,6 +106,7 @@ class Outcome:
 @dataclass(frozen=True)
 class Run:
     batch: int
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,8 +134,18 @@ def first_batch(config: SearchConfig) -> int:
 
 
 def usable_model(config: SearchConfig, outcomes: Sequence[Outcome]) -> MemoryModel | None:
-    """The memory model fitted on every measured trial that ran, if it is good enough to trust."""
-    points = [(o.batch, o.peak_bytes) for o in outcomes if o.ran and o.measured and o.peak_bytes is not None]
+    """The memory model of the measured trials that ran, if it is good enough to trust.
+
+    Fresh trials at large batches are kept out of the fit and turn the line down when they read
+    below it (memory_fit.split_fresh, turn_to_fresh): reused workers read high.
+    """
+    readings = [(o.batch, o.peak_bytes, o.fresh) for o in outcomes if o.ran and o.measured and o.peak_bytes is not None]
+    rest, fresh = split_fresh(readings)
+    model = _trusted_fit(config, rest) or _trusted_fit(config, [(b, p) for b, p, _ in readings])
+    return None if model is None else turn_to_fresh(model, fresh)
+
+
+def _trusted_fit(config: SearchConfig, points: Sequence[tuple[int, float]]) -> MemoryModel | None:
     model = fit_memory_model(points)
     if model is None or model.points < config.min_fit_points or model.r2 < config.min_fit_r2:
         return None
@@ -147,10 +174,26 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
     model = usable_model(config, outcomes) if config.strategy == "slow_start" else None
 
     if hi is None:
-        return _grow(config, lo, cap, model)
-    if config.strategy == "power" and lo > 0:
+        step = _grow(config, lo, cap, model)
+    elif config.strategy == "power" and lo > 0:
         return Done(lo)
-    return _bisect(config, lo, hi, model)
+    else:
+        over = [o.peak_bytes for o in outcomes if o.batch == hi and o.ran and o.measured and o.peak_bytes is not None]
+        step = _bisect(config, lo, hi, model, min(over, default=None))
+    if config.strategy == "slow_start" and config.fresh_endgame:
+        return _fresh_endgame(step, outcomes, hi, model)
+    return step
+
+
+def _fresh_endgame(step: Step, outcomes: Sequence[Outcome], hi: int | None, model: MemoryModel | None) -> Step:
+    """Trials run fresh once the model is trusted; the failure bounding the answer must be fresh."""
+    if isinstance(step, Run) and model is not None:
+        return Run(step.batch, fresh=True)
+    if isinstance(step, Done) and step.max_batch and hi is not None:
+        confirmed = any(o.batch == hi and o.fresh and o.measured for o in outcomes)
+        if not confirmed:
+            return Run(hi, fresh=True)
+    return step
 
 
 def _grow(config: SearchConfig, lo: int, cap: int, model: MemoryModel | None) -> Step:
@@ -171,7 +214,13 @@ def _grow(config: SearchConfig, lo: int, cap: int, model: MemoryModel | None) ->
     return _maybe_skip(config, candidate, model)
 
 
-def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None) -> Step:
+def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None, hi_peak_bytes: int | None = None) -> Step:
+    """Next batch between the last fit `lo` and the first failure `hi`.
+
+    With a model, the guess is its ceiling; when `hi` ran and measured over budget, the guess
+    steps down from `hi`'s own reading by the model's bytes per sample instead (the reading is
+    the best evidence of where the line really is near the boundary).
+    """
     step = config.multiple
     if lo == 0:
         # Nothing fits yet: back off (halve) toward the smallest allowed batch.
@@ -183,7 +232,11 @@ def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None) -
     midpoint = round_down((lo + hi) // 2, step)
     candidate = midpoint
     if model is not None:
-        guess = round_down(model.batch_for_bytes(config.budget_bytes), step)
+        if hi_peak_bytes is not None:
+            excess_samples = math.ceil((hi_peak_bytes - config.budget_bytes) / model.per_sample_bytes)
+            guess = round_down(hi - excess_samples, step)
+        else:
+            guess = round_down(model.batch_for_bytes(config.budget_bytes), step)
         if lo < guess < hi:
             # Each trial moves at least one tolerance step: creeping up one sample at a time
             # toward a guess that sits just above the last fit costs trials and gains nothing.

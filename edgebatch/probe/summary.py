@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from edgebatch.probe.memory_fit import fit_memory_model
+from edgebatch.probe.memory_fit import fit_memory_model, split_fresh, turn_to_fresh
 from edgebatch.profiles.model import MemoryModel, Trial
 
 # Throughput within 5% of the best counts as the plateau (the issue's definition of the knee).
@@ -17,8 +17,11 @@ def fitting_trials(trials: Sequence[Trial], budget_bytes: float) -> list[Trial]:
 
 
 def memory_model_of(trials: Sequence[Trial]) -> MemoryModel | None:
-    """The line through every trial that ran (over-budget ones are real measurements too)."""
-    return fit_memory_model([(t.batch, t.peak_bytes) for t in trials if t.ok and t.measured and t.peak_bytes is not None])
+    """The line through the trials that fitted, turned toward the fresh ones (memory_fit.turn_to_fresh)."""
+    readings = [(t.batch, t.peak_bytes, t.fresh) for t in trials if t.ok and t.measured and t.peak_bytes is not None]
+    rest, fresh = split_fresh(readings)
+    model = fit_memory_model(rest) or fit_memory_model([(b, p) for b, p, _ in readings])
+    return None if model is None or model.per_sample_bytes <= 0 else turn_to_fresh(model, fresh)
 
 
 def max_batch_of(trials: Sequence[Trial], budget_bytes: float) -> int | None:

@@ -37,6 +37,7 @@ class Trial:
     step_seconds: float | None
     samples_per_second: float | None
     measured: bool = True
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,7 @@ def _trial_dict(trial: Trial) -> dict:
         "step_seconds": trial.step_seconds,
         "samples_per_second": trial.samples_per_second,
         "measured": trial.measured,
+        "fresh": trial.fresh,
     }
 
 
@@ -223,6 +225,8 @@ def _trial_from_dict(data: dict) -> Trial:
         samples_per_second=_float_or_none(data["samples_per_second"]),
         # Optional in the file: a trial that does not say was measured (the common case).
         measured=data.get("measured", True),
+        # Optional too: profiles written before edgebatch recorded it.
+        fresh=data.get("fresh", False),
     )
 
 

@@ -55,6 +55,7 @@ _TRIAL_SCHEMA = {
         "step_seconds": _OPTIONAL_SECONDS,
         "samples_per_second": _OPTIONAL_SECONDS,
         "measured": {"type": "boolean", "default": True},
+        "fresh": {"type": "boolean", "default": False},
     },
 }
 
