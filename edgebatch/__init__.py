@@ -2,6 +2,7 @@
 
     probe(...)          find a device's safe batch ceiling for a model; cached as a DeviceProfile
     load_profile(...)   read a cached profile
+    cached_profile(...) the profile cached for a model on this device, or None
     Governor            keep micro-batches under that ceiling and live memory pressure
     fit(...)            governed training with gradient accumulation and OOM recovery
 
@@ -11,7 +12,7 @@ need TensorFlow import it when called.
 
 from edgebatch.errors import EdgebatchError, ProbeError, ProfileError, TrainingError, UsageError
 from edgebatch.governor import Decision, Governor, GovernorConfig, Observation, PressureReader
-from edgebatch.probe import probe
+from edgebatch.probe import cached_profile, probe
 from edgebatch.profiles import DeviceProfile, MemoryModel, Trial, load_profile, save_profile
 from edgebatch.training import FitReport, fit, inject_oom
 
@@ -33,6 +34,7 @@ __all__ = [
     "ProfileError",
     "TrainingError",
     "Trial",
+    "cached_profile",
     "UsageError",
     "load_profile",
     "probe",

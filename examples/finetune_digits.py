@@ -5,8 +5,9 @@
     python examples/finetune_digits.py --profile device_profiles/cpu-...json
 
 The device profile: `edgebatch probe --model examples/finetune_digits.py:build_model` probes this
-model and caches a profile; this script looks it up (same device fingerprint and model key as the
-probe computes) and builds the governor from its safe batch and memory model. Without one it uses
+model and caches a profile; this script looks it up with `edgebatch.cached_profile(model)` (the
+device fingerprint and model key the probe computes) and builds the governor from its safe batch
+and memory model. Without one it uses
 explicit numbers: a ceiling of 64 (the effective batch) and a cautious start at micro-batch 16
 (4 accumulated micro-batches per update); the governor grows it while memory pressure stays low
 and shrinks it on pressure or an OOM, and the updates stay exactly those of batch 64.
@@ -62,26 +63,14 @@ def load_digits_data(seed: int = 0):
 def find_cached_profile(model):
     """The cached profile for this model on this device, or None (with the reason printed).
 
-    Computes the keys the way `edgebatch probe` does; any part of that machinery missing or
-    failing only means "no profile", never a failed example.
+    A missing or unreadable profile only means "no profile", never a failed example.
     """
     try:
-        import tensorflow as tf
+        from edgebatch import cached_profile
 
-        from edgebatch.probe.budget import device_facts
-        from edgebatch.probe.trial import architecture_description, input_specs
-        from edgebatch.profiles import config_hash, device_fingerprint, find_profile, model_key
-
-        facts = device_facts("CPU:0")
-        fingerprint = device_fingerprint(facts.kind, facts.description, facts.cores, facts.memory_total_bytes,
-                                         facts.driver_version)
-        inputs = [{"shape": list(spec.shape), "dtype": spec.dtype} for spec in input_specs(model)]
-        # The probe names a user's model by model.name (not by the function that builds it).
-        key = model_key(model.name, config_hash(architecture_description(model)), inputs, "float32", "adam",
-                        tf.__version__)
-        profile = find_profile(None, fingerprint, key)
+        profile = cached_profile(model, device="CPU:0")
         if profile is None:
-            print(f"no cached profile for {fingerprint}__{key}")
+            print(f"no cached profile for {model.name} on this device (run the probe in the docstring)")
         return profile
     except Exception as exc:  # noqa: BLE001 - an example must run even when the profile lookup cannot
         print(f"no cached profile ({type(exc).__name__}: {exc})")

@@ -110,6 +110,20 @@ def test_measured_is_optional_in_the_file_and_defaults_to_true():
     assert DeviceProfile.from_dict(data).trials[0].measured is True
 
 
+def test_fresh_and_settled_round_trip_and_are_optional_in_the_file():
+    import dataclasses
+
+    profile = make_profile()
+    first = dataclasses.replace(profile.trials[0], fresh=True, settled=False)
+    data = make_profile(trials=(first, *profile.trials[1:])).to_dict()
+    validate_profile_dict(data)
+    again = DeviceProfile.from_dict(json.loads(json.dumps(data))).trials[0]
+    assert (again.fresh, again.settled) == (True, False)
+    del data["trials"][0]["fresh"], data["trials"][0]["settled"]
+    older = DeviceProfile.from_dict(data).trials[0]
+    assert (older.fresh, older.settled) == (False, None)
+
+
 def test_from_dict_validates_and_names_the_source():
     data = make_profile().to_dict()
     data["max_batch"] = "64"

@@ -252,6 +252,7 @@ def _trial_from_reply(reply: dict, measure: str, budget_bytes: int) -> Trial:
         allocator_peak_bytes=reply.get("allocator_peak_bytes"),
         step_seconds=reply.get("step_seconds"),
         samples_per_second=reply.get("samples_per_second"),
+        settled=reply.get("resident_settled"),
     )
 
 
@@ -261,7 +262,7 @@ def _trial_line(trial: Trial) -> str:
     status = "ok" if trial.ok else "OVER BUDGET"
     return (
         f"  batch {trial.batch:>6}  {status:<11} peak {format_bytes(trial.peak_bytes):>11}  "
-        f"{trial.samples_per_second:8.1f} samples/s"
+        f"{trial.samples_per_second:8.1f} samples/s" + ("  (peak still rising)" if trial.settled is False else "")
     )
 
 

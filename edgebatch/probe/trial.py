@@ -202,11 +202,45 @@ def _size(shape) -> int:
 
 
 def architecture_description(model) -> object:
-    """What identifies the architecture: Keras's config when it has one, else layer types and weight shapes."""
+    """What identifies the architecture: Keras's config when it has one, else layer types and weight shapes.
+
+    Layer and model names are replaced by their position: Keras numbers unnamed layers with a
+    process-wide counter ("dense", then "dense_1" for the same layer in the next model built), so
+    the same architecture built second in a process would otherwise hash differently from the
+    probe worker's, and its cached profile would not be found.
+    """
     try:
-        return model.get_config()
+        config = model.get_config()
     except Exception:  # noqa: BLE001 - subclassed models often cannot give a config
         return [(type(layer).__name__, [list(w.shape) for w in layer.weights]) for layer in model.layers]
+    names = [model.name, *_layer_names(config)]
+    positions = {}
+    for name in names:
+        positions.setdefault(name, f"layer_{len(positions)}")
+    return _renamed(config, positions)
+
+
+def _layer_names(value):
+    """Names of every layer entry ({"class_name", "config": {"name"}}) in a Keras config, in order."""
+    if isinstance(value, dict):
+        inner = value.get("config")
+        if "class_name" in value and isinstance(inner, dict) and isinstance(inner.get("name"), str):
+            yield inner["name"]
+        for item in value.values():
+            yield from _layer_names(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _layer_names(item)
+
+
+def _renamed(value, names: dict[str, str]):
+    if isinstance(value, str):
+        return names.get(value, value)
+    if isinstance(value, dict):
+        return {key: _renamed(item, names) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_renamed(item, names) for item in value]
+    return value
 
 
 def _walk_layers(model):

@@ -38,6 +38,7 @@ class Trial:
     samples_per_second: float | None
     measured: bool = True
     fresh: bool = False
+    settled: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,7 @@ def _trial_dict(trial: Trial) -> dict:
         "samples_per_second": trial.samples_per_second,
         "measured": trial.measured,
         "fresh": trial.fresh,
+        "settled": trial.settled,
     }
 
 
@@ -227,6 +229,7 @@ def _trial_from_dict(data: dict) -> Trial:
         measured=data.get("measured", True),
         # Optional too: profiles written before edgebatch recorded it.
         fresh=data.get("fresh", False),
+        settled=data.get("settled"),
     )
 
 

@@ -56,6 +56,7 @@ _TRIAL_SCHEMA = {
         "samples_per_second": _OPTIONAL_SECONDS,
         "measured": {"type": "boolean", "default": True},
         "fresh": {"type": "boolean", "default": False},
+        "settled": {"type": ["boolean", "null"], "default": None},
     },
 }
 

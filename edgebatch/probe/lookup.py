@@ -1,0 +1,54 @@
+"""`edgebatch.cached_profile(model)`: the profile `edgebatch probe` cached for a model on this device.
+
+Training code that already holds the model (and so has TensorFlow loaded) looks its profile up
+without probing: the same device fingerprint and model key the probe computes, from the model
+in this process. Returns None when no profile was cached, so a caller can fall back to a probe or
+to a fixed batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgebatch.errors import UsageError
+from edgebatch.probe.budget import default_device, device_facts
+from edgebatch.profiles import DeviceProfile, device_fingerprint, find_profile, model_key, resolve_profiles_dir
+from edgebatch.profiles.fingerprint import config_hash
+from edgebatch.zoo import OPTIMIZERS, PRECISIONS, build_model, parse_model_spec
+
+
+def cached_profile(
+    model,
+    *,
+    device: str | None = None,
+    precision: str = "float32",
+    optimizer: str = "adam",
+    profiles_dir: str | Path | None = None,
+) -> DeviceProfile | None:
+    """The cached DeviceProfile for `model` on `device` (default: the probe's default), or None.
+
+    `model` is a Keras model object (Keras 3 or tf_keras) or what `edgebatch probe` takes: a
+    built-in name, "FILE.py:FUNCTION" or a ".keras" path (built here to compute its key).
+    `precision` and `optimizer` must be the ones the profile was probed with.
+    """
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise UsageError(f"unknown optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+    import tensorflow as tf
+
+    from edgebatch.probe.trial import architecture_description, input_specs
+
+    if isinstance(model, str):
+        spec = parse_model_spec(model)
+        model = build_model(spec, precision)
+        # The probe names built-ins by their name, everything else by the model's own name.
+        name = spec.name if spec.kind == "builtin" else model.name
+    else:
+        name = model.name
+    facts = device_facts((device or default_device()).upper())
+    fingerprint = device_fingerprint(facts.kind, facts.description, facts.cores, facts.memory_total_bytes,
+                                      facts.driver_version)
+    inputs = [{"shape": list(spec.shape), "dtype": spec.dtype} for spec in input_specs(model)]
+    key = model_key(name, config_hash(architecture_description(model)), inputs, precision, optimizer, tf.__version__)
+    return find_profile(resolve_profiles_dir(profiles_dir), fingerprint, key)
