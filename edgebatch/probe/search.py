@@ -21,8 +21,8 @@ Strategies:
   The endgame is measured fresh: a worker that ran earlier trials reads 5-6% high (memory it kept
   from them is only partly reused: dense_wide at 300 read 1410 MiB after trials at 8..276 and
   1327 MiB in a new process, where an independent fresh step read 1334 MiB). So once the model is
-  trusted every trial runs in a fresh worker, the model's line is moved to pass through the fresh
-  readings (the scout's slope, the fresh level), and the search does not stop on a failure a
+  trusted every trial runs in a fresh worker, the model's line is moved down to the fresh
+  readings (memory_fit.turn_to_fresh), and the search does not stop on a failure a
   reused worker measured or the model predicted: it runs that batch fresh first.
 - `binsearch`: plain doubling, then midpoint bisection (Lightning's binsearch). The baseline the
   slow start is measured against.
