@@ -223,6 +223,7 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
             "workers_started": stat_of([r["workers_started"] for r in method]),
             "found": stat_of([r["found"] for r in method]),
             "found_over_true": stat_of([r.get("found_over_true") for r in method]),
+            "found_over_edge": stat_of([r.get("found_over_edge") for r in method]),
             "unsafe_runs": sum(bool(r.get("unsafe")) for r in method),
             "unchecked_runs": sum(r.get("unsafe") is None for r in method),
             "no_answer_runs": sum(r["found"] is None for r in method),

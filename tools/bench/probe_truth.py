@@ -64,8 +64,9 @@ def measure_truth(
     the failure above the ceiling); `seconds_left()`: time this truth may still take. Two checks run
     at a time (a check is a memory fact, not a timing, so sharing the cores does not change it;
     three-way splits then narrow the interval as fast as two bisection steps). Returns the ceiling
-    (a fresh fit), the first fresh failure above it, every check, and whether the interval was
-    narrowed to `resolution`.
+    (a fresh fit), the first fresh failure above it, every check, whether the interval was
+    narrowed to `resolution`, and, when a method's failure below the ceiling also fails fresh, the
+    largest fresh fit under it (`edge_below_first_failure`).
     """
     checks: dict[int, dict] = {}
     answers = sorted({b for b in found if b}, reverse=True)
@@ -81,16 +82,33 @@ def measure_truth(
                 detail = " ".join(str(result["error"] or result["peak_bytes"]).split())[:80]
                 log(f"truth {model_spec.split('/')[-1]} batch {batch}: {'fits' if result['fits'] else 'FAILS'} "
                     f"({detail}, {result['seconds']:.0f} s)")
+        # Is the landscape below the ceiling monotone? Memory at fine scale is not (small_cnn on a
+        # 1.5 GiB budget: 300 over, 340 under in fresh processes), so a method's failure below the
+        # ceiling is checked fresh, with the largest answer under it, before it is called noise.
+        below = _below_ceiling_checks(checks, answers, hints)[: MAX_CHECKS - len(checks)]
+        if below and seconds_left() >= check_cost_seconds:
+            futures = {b: pool.submit(fresh_check, model_spec, b, budget_bytes, headroom_bytes) for b in below}
+            for batch, future in futures.items():
+                result = checks[batch] = future.result()
+                log(f"truth {model_spec.split('/')[-1]} batch {batch} (below the ceiling): "
+                    f"{'fits' if result['fits'] else 'FAILS'} ({result['seconds']:.0f} s)")
     lo = _largest_fit(checks)
     hi = _first_failure_above(checks, lo)
     narrowed = lo is not None and hi is not None and hi - lo <= max(1, resolution * lo)
+    failures_below = sorted(b for b, c in checks.items() if not c["fits"] and lo is not None and b < lo)
+    edge = None
+    if failures_below:
+        edge = max((b for b, c in checks.items() if c["fits"] and b < failures_below[0]), default=None)
     return {
         "ceiling": lo,
         "first_failure_above": hi,
         "narrowed_to_resolution": narrowed,
         "resolution": resolution,
         "checks": [checks[b] for b in sorted(checks)],
-        "failures_below_ceiling": sorted(b for b, c in checks.items() if not c["fits"] and lo is not None and b < lo),
+        "failures_below_ceiling": failures_below,
+        # The largest fresh fit below the first fresh failure: the ceiling of a method that stops at
+        # its first failure (None when every checked batch below the ceiling fitted).
+        "edge_below_first_failure": edge,
         "seconds": round(sum(c["seconds"] for c in checks.values()), 1),
     }
 
@@ -120,12 +138,34 @@ def _wanted(checks: dict[int, dict], answers: list[int], hints: list[int], resol
     return unique
 
 
+def _below_ceiling_checks(checks: dict[int, dict], answers: list[int], hints: list[int]) -> list[int]:
+    """The smallest method failure below the fresh ceiling, and the largest answer under it, if unchecked."""
+    lo = _largest_fit(checks)
+    if lo is None:
+        return []
+    known = [b for b, c in checks.items() if not c["fits"] and b < lo]
+    wanted = []
+    if known:
+        failure = min(known)
+    else:
+        under = [h for h in hints if h < lo and h not in checks]
+        if not under:
+            return []
+        failure = min(under)
+        wanted.append(failure)
+    below = [a for a in answers if a < failure and a not in checks]
+    if below and not any(c["fits"] and b < failure for b, c in checks.items()):
+        wanted.append(max(below))
+    return wanted
+
+
 def judge(found: int | None, truth: dict) -> dict:
     """found / true ceiling, and whether the answer was unsafe (failed, or above the truth)."""
     ceiling = truth.get("ceiling")
     checked = {c["batch"]: c for c in truth.get("checks", [])}
     if found is None:
-        return {"found_over_true": None, "found_over_true_low": None, "unsafe": False, "verdict": "no answer"}
+        return {"found_over_true": None, "found_over_true_low": None, "found_over_edge": None, "unsafe": False,
+                "verdict": "no answer"}
     ratio = found / ceiling if ceiling else None
     # The true ceiling lies in [ceiling, first_failure_above - 1]: the ratio's other end.
     above = truth.get("first_failure_above")
@@ -139,7 +179,9 @@ def judge(found: int | None, truth: dict) -> dict:
         unsafe, verdict = True, "at or above a fresh failure"
     else:
         unsafe, verdict = None, "not checked"
-    return {"found_over_true": ratio, "found_over_true_low": ratio_low, "unsafe": unsafe, "verdict": verdict}
+    edge = truth.get("edge_below_first_failure")
+    return {"found_over_true": ratio, "found_over_true_low": ratio_low, "found_over_edge": found / edge if edge else None,
+            "unsafe": unsafe, "verdict": verdict}
 
 
 def _largest_fit(checks: dict[int, dict]) -> int | None:

@@ -51,23 +51,11 @@ def _verdict(ok: bool | None) -> str:
 
 
 def targets(results: dict) -> list[list[str]]:
-    """The issue's targets against what this run measured (first probe scenario for the probe's)."""
+    """The issue's targets against what this run measured: the probe's on every scenario with a truth."""
     sections = results.get("sections", {})
     rows = []
-    scenarios = (sections.get("probe") or {}).get("scenarios") or []
-    summary = scenarios[0]["summary"] if scenarios else {}
-    slow = summary.get("slow_start")
-    if slow:
-        ratio = _stat(slow["found_over_true"])
-        ok = None if ratio is None else ratio.min >= 0.97 and slow["unsafe_runs"] == 0
-        if ok and not scenarios[0]["truth"]["narrowed_to_resolution"]:
-            ok = None  # the ratio is only an upper bound
-        rows.append(["found/true >= 0.97, no unsafe answer (slow_start)",
-                     f"{fmt(ratio, 3)}; unsafe runs {slow['unsafe_runs']}/{slow['runs']}", _verdict(ok)])
-        for key, label in (("trials_vs_binsearch", "trials"), ("wall_vs_binsearch", "wall seconds")):
-            value = _stat(slow.get(key))
-            rows.append([f"{label} <= 0.5 x binsearch's", fmt(value, 2),
-                         _verdict(None if value is None else value.median <= 0.5)])
+    for scenario in (sections.get("probe") or {}).get("scenarios") or []:
+        rows += _probe_targets(scenario)
     governor = sections.get("governor") or {}
     share = _stat(governor.get("per_update_share"))
     if governor:
@@ -90,6 +78,39 @@ def targets(results: dict) -> list[list[str]]:
         else:
             rows.append(["completes where a static batch at the ceiling fails", "-", _verdict(None)])
     return rows
+
+
+def _probe_targets(scenario: dict) -> list[list[str]]:
+    """slow_start's accuracy on one scenario, and its cost against binsearch where both ran."""
+    slow = scenario["summary"].get("slow_start")
+    name, truth = scenario["scenario"]["name"], scenario["truth"]
+    if not slow:
+        return []
+    rows = []
+    ratio = _stat(slow["found_over_true"])
+    if ratio is not None:
+        ok = ratio.min >= 0.97 and slow["unsafe_runs"] == 0
+        if ok and not truth["narrowed_to_resolution"]:
+            ok = None  # the ratio is only an upper bound
+        measured = f"{fmt(ratio, 3)}; unsafe runs {slow['unsafe_runs']}/{slow['runs']}"
+        edge = _stat(slow.get("found_over_edge"))
+        if edge is not None:
+            measured += (f"; {fmt(edge, 3)} of the edge below the first fresh failure "
+                         f"({truth['edge_below_first_failure']}; {truth['failures_below_ceiling'][0]} fails)")
+        rows.append([f"found/true >= 0.97, no unsafe answer: {name}", measured, _verdict(ok)])
+    for key, label in (("trials_vs_binsearch", "trials"), ("wall_vs_binsearch", "wall seconds")):
+        value = _stat(slow.get(key))
+        if value is not None:
+            rows.append([f"{label} <= 0.5 x binsearch's: {name}", fmt(value, 2), _verdict(value.median <= 0.5)])
+    return rows
+
+
+def _error_text(error: str) -> str:
+    """One line for a table: a crashed child's last words, not the first warning on its stderr."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    if error.startswith("child exit") and len(lines) > 1:
+        return f"{lines[0].split(':')[0]}: {' '.join(lines[-2:])}"[:160]
+    return " ".join(lines)[:120]
 
 
 def probe_lines(section: dict) -> list[str]:
@@ -123,7 +144,14 @@ def probe_lines(section: dict) -> list[str]:
             lines.append(f"{planned} True ceiling (fresh processes, {len(truth['checks'])} checks, {truth['seconds']:.0f} s "
                          f"of child time): **{truth['ceiling']}** fits; {bracket}.")
         if truth.get("failures_below_ceiling"):
-            lines.append(f"Fresh failures below the ceiling (the fuzzy boundary): {truth['failures_below_ceiling']}.")
+            lines.append(f"Fresh failures below the ceiling: {truth['failures_below_ceiling']}: the boundary is fuzzy, "
+                         "or memory is not monotone in batch at this scale, so the largest fit is not the only "
+                         "fair reference.")
+            if truth.get("edge_below_first_failure"):
+                edges = ", ".join(f"{name} {fmt(s.get('found_over_edge'), 3)}" for name, s in scenario["summary"].items()
+                                  if s.get("found_over_edge"))
+                lines.append(f"The edge below the first of them (the largest fresh fit under it) is "
+                             f"{truth['edge_below_first_failure']}; found/edge: {edges}.")
         rows = []
         for name, s in scenario["summary"].items():
             rows.append([name, str(s["runs"]), fmt(s["trials"], 0), fmt(s["failed_trials"], 0),
@@ -192,7 +220,7 @@ def training_lines(t: dict) -> list[str]:
             if s["runs"]:
                 rows.append([label, f"{s['completed_runs']}/{s['runs']}", fmt(s["updates_done"], 0), fmt(s["oom_events"], 0),
                              fmt(s["samples_per_second"], 0), fmt(s["steady_samples_per_second"], 0),
-                             "; ".join(e[:120] for e in s.get("errors", [])) or "-"])
+                             "; ".join(_error_text(e) for e in s.get("errors", [])) or "-"])
         if rows:
             lines += _table(["run", "completed", "updates", "OOM events", "samples/s (all)",
                              "samples/s (after last OOM)", "error"], rows)
