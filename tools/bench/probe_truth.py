@@ -72,26 +72,26 @@ def measure_truth(
     answers = sorted({b for b in found if b}, reverse=True)
     hints = sorted(set(failed_hints))
     with ThreadPoolExecutor(max_workers=PARALLEL_CHECKS) as pool:
-        while len(checks) < MAX_CHECKS and seconds_left() >= check_cost_seconds:
-            wanted = _wanted(checks, answers, hints, resolution)[: min(PARALLEL_CHECKS, MAX_CHECKS - len(checks))]
-            if not wanted:
-                break
-            futures = {b: pool.submit(fresh_check, model_spec, b, budget_bytes, headroom_bytes) for b in wanted}
+
+        def run_checks(batches: list[int]) -> None:
+            futures = {b: pool.submit(fresh_check, model_spec, b, budget_bytes, headroom_bytes) for b in batches}
             for batch, future in futures.items():
                 result = checks[batch] = future.result()
                 detail = " ".join(str(result["error"] or result["peak_bytes"]).split())[:80]
                 log(f"truth {model_spec.split('/')[-1]} batch {batch}: {'fits' if result['fits'] else 'FAILS'} "
                     f"({detail}, {result['seconds']:.0f} s)")
+
+        while len(checks) < MAX_CHECKS and seconds_left() >= check_cost_seconds:
+            wanted = _wanted(checks, answers, hints, resolution)[: min(PARALLEL_CHECKS, MAX_CHECKS - len(checks))]
+            if not wanted:
+                break
+            run_checks(wanted)
         # Is the landscape below the ceiling monotone? Memory at fine scale is not (small_cnn on a
         # 1.5 GiB budget: 300 over, 340 under in fresh processes), so a method's failure below the
         # ceiling is checked fresh, with the largest answer under it, before it is called noise.
         below = _below_ceiling_checks(checks, answers, hints)[: MAX_CHECKS - len(checks)]
         if below and seconds_left() >= check_cost_seconds:
-            futures = {b: pool.submit(fresh_check, model_spec, b, budget_bytes, headroom_bytes) for b in below}
-            for batch, future in futures.items():
-                result = checks[batch] = future.result()
-                log(f"truth {model_spec.split('/')[-1]} batch {batch} (below the ceiling): "
-                    f"{'fits' if result['fits'] else 'FAILS'} ({result['seconds']:.0f} s)")
+            run_checks(below)
     lo = _largest_fit(checks)
     hi = _first_failure_above(checks, lo)
     narrowed = lo is not None and hi is not None and hi - lo <= max(1, resolution * lo)
