@@ -143,8 +143,12 @@ def test_real_ooms_under_an_address_space_cap_are_survived_and_the_answer_runs(t
     assert failures, "the cap should have made some trials fail for real"
     assert any(t.error == "oom" for t in failures), "dense kernels raise ResourceExhaustedError under RLIMIT_AS"
     found = profile.max_batch
-    ok, at_found = fits(DENSE_WIDE, found, 16 * 1024 * MIB, headroom)
-    assert ok, f"probe answered {found}, which fails under the same cap in a fresh process: {at_found}"
+    # max_batch is the edge, and under a cap the edge moves a few percent between processes (CI:
+    # 256 ran in the probe's fresh worker, then failed in the test's). The batch the profile tells
+    # users to run is the safe one, kept 10% clear of an edge the budget does not explain.
+    assert profile.safe_batch <= int(found * 0.9), (profile.safe_batch, found)
+    ok, at_safe = fits(DENSE_WIDE, profile.safe_batch, 16 * 1024 * MIB, headroom)
+    assert ok, f"probe's safe batch {profile.safe_batch} fails under the same cap in a fresh process: {at_safe}"
     above = int(found / 0.93) + 1
     ok_above, _ = fits(DENSE_WIDE, above, 16 * 1024 * MIB, headroom)
     assert not ok_above, f"{above} (found / 0.93) still runs under the cap: the probe stopped too low"

@@ -65,3 +65,37 @@ def test_safe_batch_respects_the_worst_reading_when_readings_are_not_monotone():
     budget = 23.15 * gib
     safe = summary.safe_batch_of(trials, budget, 0.10, 1, model)
     assert 1540 <= safe <= 1570  # 1643 - (21.84 - 20.835) GiB / 12.39 MiB = 1560
+
+
+# An address-space cap binds far below the budget: dense_wide under a 600 MiB cap in CI, where 256
+# ran in the probe's worker and failed in the next fresh process.
+CAPPED = [
+    trial(32, 776, 650),
+    trial(156, 1045, 1106),
+    trial(249, 1229, 1087),
+    trial(256, 1239, 1068),
+    trial(260, None, ok=False, error="oom"),
+    trial(264, None, ok=False, error="oom"),
+]
+CAP_BUDGET = 16 * 1024 * MIB
+
+
+def test_a_failure_the_budget_does_not_explain_keeps_the_safe_batch_clear_of_the_edge():
+    model = summary.memory_model_of(CAPPED)
+    assert model.predict_bytes(260) < CAP_BUDGET
+    assert summary.hidden_limit_edge_of(CAPPED, CAP_BUDGET, model) == 256
+    # The budget alone would allow 256 (the largest fit); 10% below the edge in samples is 230.
+    assert summary.safe_batch_of(CAPPED, CAP_BUDGET, 0.10, 1, model) == 230
+    assert summary.safe_batch_of(CAPPED, CAP_BUDGET, 0.10, 8, model) == 224
+    assert summary.safe_batch_of(CAPPED, CAP_BUDGET, 0.10, 1, None) == 230
+    assert summary.safe_batch_of(CAPPED, CAP_BUDGET, 0.0, 1, model) == 256
+
+
+def test_failures_the_budget_explains_leave_the_safe_batch_to_the_budget():
+    model = MemoryModel(720 * MIB, 10 * MIB, 1.0, 5)
+    # TRIALS' OOM at 512 is predicted at 5840 MiB, far over the 2100 MiB budget: no hidden limit.
+    assert summary.hidden_limit_edge_of(TRIALS, BUDGET, model) is None
+    over_budget_only = [t for t in CAPPED if t.ok] + [trial(300, None, ok=False, error="over_budget")]
+    assert summary.hidden_limit_edge_of(over_budget_only, CAP_BUDGET, model) is None
+    # A failure below every fit has no edge under it.
+    assert summary.hidden_limit_edge_of([trial(8, None, ok=False, error="oom"), trial(16, 900)], BUDGET, model) is None
