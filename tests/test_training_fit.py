@@ -246,3 +246,18 @@ def test_tf_keras_model_in_the_custom_loop():
     assert len(report.oom_events) == 1
     assert report.traces == {"micro_step": 1, "apply_step": 1}
     assert max_weight_diff(model.get_weights(), reference.get_weights()) < 1e-4
+
+
+def test_give_up_reports_the_oom_even_when_zeroing_the_accumulators_runs_out_too(monkeypatch):
+    import tensorflow as tf
+
+    from edgebatch.training import steps
+
+    def out_of_memory(self):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (ZerosLike)")
+
+    monkeypatch.setattr(steps.AccumulatingSteps, "reset_accumulators", out_of_memory)
+    x, y = make_data(8)
+    with inject_oom([1]), pytest.raises(TrainingError, match="min_batch=1"):
+        fit(make_model(), make_dataset(x, y), loss=make_loss(), optimizer=make_optimizer("sgd"), effective_batch=4,
+            governor=Governor(GovernorConfig(ceiling_batch=1, effective_batch=4)))

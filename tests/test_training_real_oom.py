@@ -1,11 +1,17 @@
 """A real out-of-memory (RLIMIT_AS), not an injected one: fit recovers and ends with the reference weights.
 
-The subprocess imports TensorFlow, builds a model whose hidden layer is 100k wide (each example's
-activations and their gradients take ~2 MB), then caps its own address space at its current size
-plus BUDGET_MIB. The activations of 256 examples alone take 100 MiB per tensor (several live at
-once in the backward pass), so 256 fails under 200 MiB; after the governor shrinks by
-oom_shrink_factor 0.25, 64 fits (measured with oneDNN off: +10-80 MiB of address space at 64,
-failure at 256 in 0.2 s).
+The subprocess imports TensorFlow, builds a model whose hidden layer is 300k wide, then caps its
+own address space at its current size plus BUDGET_MIB. At 256 examples the first activation alone
+is 293 MiB, more than the whole cap, so the very first allocation of the step fails, cleanly, in
+TensorFlow's allocator, with the cap's room still free. After the governor shrinks by 1/16, 16
+examples fit with room to spare (activations of 18 MiB; 4 inputs keep the kernel, its gradient
+and its accumulator at 4.6 MiB each: with 32 inputs they took 37 MiB each, and 16 sometimes
+failed too; 24 runs of 24 passed here after the change).
+
+The failure must come early. With 100k units and a 200 MiB cap, 256 failed late in the backward
+pass with a few MiB left, and whatever allocated next outside TensorFlow's allocator (Eigen's
+buffers, a thread) threw std::bad_alloc on a thread with no handler: the process aborted
+(exit -6) in 3 runs of 10 here, and in CI. Nothing in-process can recover from that.
 """
 
 import json
@@ -19,7 +25,9 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET_MIB = 200
+BUDGET_MIB = 250
+WIDE_UNITS = 300_000
+SHRINK = 1 / 16
 
 CHILD = textwrap.dedent(
     """
@@ -41,7 +49,7 @@ CHILD = textwrap.dedent(
 
     cap = vm_bytes() + int(float(sys.argv[2]) * 2**20)
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    governor = Governor(GovernorConfig(ceiling_batch=256, effective_batch=256, oom_shrink_factor=0.25))
+    governor = Governor(GovernorConfig(ceiling_batch=256, effective_batch=256, oom_shrink_factor=float(sys.argv[4])))
     report = fit(model, tf.data.Dataset.from_tensor_slices((x, y)), loss=keras.losses.MeanSquaredError(),
                  optimizer=keras.optimizers.SGD(0.01), effective_batch=256, governor=governor)
     np.savez(sys.argv[1] + ".npz", *model.get_weights())
@@ -56,12 +64,12 @@ def make_problem():
     import keras
 
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(512, 32)).astype("float32")
+    x = rng.normal(size=(512, 4)).astype("float32")
     y = rng.normal(size=(512, 1)).astype("float32")
     init = keras.initializers.GlorotUniform(seed=5)
     model = keras.Sequential([
-        keras.Input((32,)),
-        keras.layers.Dense(100_000, activation="relu", kernel_initializer=init),
+        keras.Input((4,)),
+        keras.layers.Dense(WIDE_UNITS, activation="relu", kernel_initializer=init),
         keras.layers.Dense(1, kernel_initializer=init),
     ])
     return model, x, y
@@ -80,7 +88,7 @@ def test_real_oom_under_rlimit_as_recovers_exactly(tmp_path):
     # Fewer malloc arenas: each reserves 64 MiB of address space, which would blur the cap.
     env = dict(os.environ, PYTHONPATH=str(REPO), MALLOC_ARENA_MAX="2", TF_ENABLE_ONEDNN_OPTS="0")
     out = tmp_path / "result"
-    done = subprocess.run([sys.executable, str(script), str(out), str(BUDGET_MIB), str(REPO / "tests")],
+    done = subprocess.run([sys.executable, str(script), str(out), str(BUDGET_MIB), str(REPO / "tests"), str(SHRINK)],
                           env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(Path(f"{out}.json").read_text())
