@@ -291,9 +291,14 @@ def write_plots(results: dict, plots_dir: Path) -> list[str]:
     sections = results.get("sections", {})
     scenarios = (sections.get("probe") or {}).get("scenarios") or []
     if scenarios:
-        fig, axes = plt.subplots(1, len(scenarios), figsize=(6.5 * len(scenarios), 4.5), squeeze=False)
-        for axis, scenario in zip(axes[0], scenarios):
+        # A grid, at most 3 panels a row: seven in one row shrank each to a sliver on screen.
+        columns = min(3, len(scenarios))
+        rows = -(-len(scenarios) // columns)
+        fig, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.5 * rows), squeeze=False)
+        for axis, scenario in zip(axes.flat, scenarios):
             _memory_axis(axis, scenario)
+        for axis in list(axes.flat)[len(scenarios):]:
+            axis.set_visible(False)
         fig.tight_layout()
         fig.savefig(plots_dir / PLOTS["memory"], dpi=110)
         plt.close(fig)
