@@ -12,7 +12,8 @@ memory held after a failed trial makes every later trial near the boundary fail.
   332, see BENCHMARKS.md);
 - a fresh worker first runs a few cheap steps at the start batch (`prewarm`), so that the resident
   peak has climbed as it does over the first steps of real training (FACTS.md: it climbs for 5-11
-  steps) before the trial batch is measured;
+  steps) before the trial batch is measured; an address-space cap (`address_space_headroom_bytes`)
+  is set after the prewarm, over the worker's size then;
 - a worker that dies (segfault, SIGKILL) is an OOM outcome, and the probe goes on.
 
 The protocol: the parent writes one JSON line of setup, then one JSON line per trial; the worker
@@ -210,10 +211,15 @@ def worker_main() -> int:
         runner = TrialRunner(model, optimizer=setup.optimizer, device=setup.device)
         # Trace now, at batch 1, so that no trial pays for tracing (the signature has batch None).
         runner.run_steps(1, 1)
-        if setup.address_space_headroom_bytes:
-            _cap_address_space(setup.address_space_headroom_bytes)
         if setup.prewarm_batch:
             runner.run_steps(setup.prewarm_batch, setup.prewarm_steps)
+        # The cap comes after the prewarm. Capped first, the prewarm's small steps left address
+        # space that later big batches could not use: dense_wide under a 300 MiB cap aborted with
+        # std::bad_alloc at batch 110 in 3 runs of 6, at 66-122 in probes, while a fresh process
+        # (tests/support/fresh_step.py, no prewarm) ran 128 every time. Capped after it, 128 ran
+        # 4 of 4 and 129-132 failed 10 of 10, the same edge as the fresh process.
+        if setup.address_space_headroom_bytes:
+            _cap_address_space(setup.address_space_headroom_bytes)
         from edgebatch.sensors import process_rss_bytes, read_allocator
 
         allocator = read_allocator(setup.device)
