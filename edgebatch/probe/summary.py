@@ -70,7 +70,7 @@ def hidden_limit_edge_of(trials: Sequence[Trial], budget_bytes: float, model: Me
 
     A failure (OOM raised, worker killed) at a batch the memory model puts within the budget means
     something else binds: an address-space or cgroup limit, another process. Without a model
-    every device failure above the largest fit counts.
+    every device failure counts. The edge is the largest fit below the smallest such failure.
     """
     fits = fitting_trials(trials, budget_bytes)
     failed = [

@@ -217,7 +217,8 @@ def worker_main() -> int:
         # space that later big batches could not use: dense_wide under a 300 MiB cap aborted with
         # std::bad_alloc at batch 110 in 3 runs of 6, at 66-122 in probes, while a fresh process
         # (tests/support/fresh_step.py, no prewarm) ran 128 every time. Capped after it, 128 ran
-        # 4 of 4 and 129-132 failed 10 of 10, the same edge as the fresh process.
+        # 4 of 4 and 129, 130 and 132 failed 10 of 10, the fresh process's edge. Recount with
+        # `python tools/capped_edge.py tests/models/dense_wide.py:build --batches 110,128,129`.
         if setup.address_space_headroom_bytes:
             _cap_address_space(setup.address_space_headroom_bytes)
         from edgebatch.sensors import process_rss_bytes, read_allocator

@@ -298,9 +298,11 @@ class _GovernedLoop:
 
     def _give_up(self, event: OomEvent, exc: Exception) -> None:
         """The smallest micro-batch ran out of memory: save what is done and stop with TrainingError."""
+        import tensorflow as tf
+
         try:
             self.steps.reset_accumulators()
-        except Exception:  # noqa: BLE001 - zeroing needs memory too; the accumulators die with this fit
+        except (tf.errors.ResourceExhaustedError, MemoryError):  # the accumulators die with this fit
             # Under a real cap zeros_like itself can run out (seen: ResourceExhaustedError from
             # ZerosLike in tests/test_training_real_oom.py's child); that error must not replace
             # the one that says what happened and where the checkpoint is.
