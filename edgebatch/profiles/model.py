@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-#: Bumped when a field changes meaning or a required field is added; a reader refuses newer files.
-SCHEMA_VERSION = 1
+# The schema owns the version and imports nothing from here, so the records sit above it (no cycle).
+from edgebatch.profiles.schema import SCHEMA_VERSION, validate_profile_dict
 
 
 @dataclass(frozen=True)
@@ -158,9 +158,6 @@ class DeviceProfile:
 
         `source` names where the data came from (a file path) in the ProfileError if it is invalid.
         """
-        # Imported here because schema.py imports SCHEMA_VERSION from this module.
-        from edgebatch.profiles.schema import validate_profile_dict
-
         validate_profile_dict(data, source=source)
         memory_model = data["memory_model"]
         return cls(

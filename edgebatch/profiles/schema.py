@@ -15,7 +15,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from edgebatch.errors import ProfileError
-from edgebatch.profiles.model import SCHEMA_VERSION
+
+#: Bumped when a field changes meaning or a required field is added; a reader refuses newer files.
+SCHEMA_VERSION = 1
 
 REPROBE_FIX = "delete it or re-run `edgebatch probe --force`"
 
