@@ -5,6 +5,7 @@
     cached_profile(...) the profile cached for a model on this device, or None
     Governor            keep micro-batches under that ceiling and live memory pressure
     fit(...)            governed training with gradient accumulation and OOM recovery
+    supervise(argv)     run training in a child process; restart it from its checkpoint when killed
 
 Importing edgebatch imports neither TensorFlow nor tensorflow-model-optimization; the pieces that
 need TensorFlow import it when called.
@@ -14,7 +15,7 @@ from edgebatch.errors import EdgebatchError, ProbeError, ProfileError, TrainingE
 from edgebatch.governor import Decision, Governor, GovernorConfig, Observation, PressureReader
 from edgebatch.probe import cached_profile, probe
 from edgebatch.profiles import DeviceProfile, MemoryModel, Trial, load_profile, save_profile
-from edgebatch.training import FitReport, fit, inject_oom
+from edgebatch.training import FitReport, fit, inject_oom, supervise
 
 __version__ = "0.1.0"
 
@@ -39,4 +40,5 @@ __all__ = [
     "load_profile",
     "probe",
     "save_profile",
+    "supervise",
 ]

@@ -223,5 +223,10 @@ def profile_validate(paths):
         raise EdgebatchError(f"{len(bad)} of {len(entries)} profiles are invalid")
 
 
+from edgebatch.cli_supervise import supervise  # noqa: E402  (a module of its own: see its docstring)
+
+main.add_command(supervise)
+
+
 if __name__ == "__main__":
     main()

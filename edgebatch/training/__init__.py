@@ -15,6 +15,8 @@ from typing import Any
 from edgebatch.training.injection import ENV_INJECT_OOM, inject_oom, parse_oom_indices
 from edgebatch.training.loop import fit
 from edgebatch.training.records import FitReport, OomEvent, Progress, UpdateRecord
+from edgebatch.training.restart_policy import SupervisorReport
+from edgebatch.training.supervisor import supervise
 
 __all__ = [
     "ENV_INJECT_OOM",
@@ -29,6 +31,8 @@ __all__ = [
     "fit",
     "inject_oom",
     "parse_oom_indices",
+    "SupervisorReport",
+    "supervise",
 ]
 
 _KERAS_NAMES = ("GovernorCallback", "MicroBatchController", "TfKerasGovernorCallback", "enable_micro_batching")

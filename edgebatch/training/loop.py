@@ -37,6 +37,7 @@ from edgebatch.errors import TrainingError, UsageError
 from edgebatch.governor import Governor, GovernorConfig, Observation, PressureReader, split_micro_batches
 from edgebatch.training.checkpoints import TrainingCheckpoint
 from edgebatch.training.data import ExampleBuffer, check_element_spec, slice_examples
+from edgebatch.training.hard_failure import RunningMarker, take_hard_failure_micro_batch
 from edgebatch.training.injection import injected_oom_plan, next_injected_oom
 from edgebatch.training.learning_rate import LearningRateScaler
 from edgebatch.training.observability import RunLog
@@ -168,6 +169,11 @@ class _GovernedLoop:
         self.steps = AccumulatingSteps(model, loss, optimizer, element_spec)
         self.report = FitReport(resumed_from=self.progress if restored is not None else None)
         self.history_start = len(governor.history)
+        # A supervisor restarted this process after a kill (supervisor.py): that size failed.
+        hard_failure_micro_batch = take_hard_failure_micro_batch()
+        if hard_failure_micro_batch is not None:
+            governor.on_oom(hard_failure_micro_batch)
+        self.marker = RunningMarker(checkpoint_dir) if checkpoint_dir else None
 
     def run(self) -> FitReport:
         started = time.perf_counter()
@@ -265,6 +271,7 @@ class _GovernedLoop:
 
         update_examples = tf.constant(float(examples))
         pending = split_micro_batches(examples, self.governor.decision.micro_batch)
+        self._note_running(pending)
         offset, sizes, loss_sums, ooms = 0, [], [], []
         while pending:
             size = pending[0]
@@ -290,11 +297,17 @@ class _GovernedLoop:
                     self._give_up(event, exc)
                 # Re-split from the failed piece on: its examples run again, in smaller pieces.
                 pending = split_micro_batches(examples - offset, decision.micro_batch)
+                self._note_running(pending)
                 continue
             sizes.append(size)
             offset += size
             pending.pop(0)
         return sizes, loss_sums, ooms
+
+    def _note_running(self, pending: list[int]) -> None:
+        """Record the split's largest piece before it runs, for a supervisor to read after a kill."""
+        if self.marker is not None:
+            self.marker.note(max(pending))
 
     def _give_up(self, event: OomEvent, exc: Exception) -> None:
         """The smallest micro-batch ran out of memory: save what is done and stop with TrainingError."""
