@@ -13,6 +13,7 @@ import sys
 import click
 
 from edgebatch.errors import EdgebatchError, UsageError
+from edgebatch.probe.api import ProbeRequest
 from edgebatch.probe.search import STRATEGIES
 from edgebatch.units import format_bytes
 from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZERS, PRECISIONS
@@ -38,6 +39,10 @@ def _handle_errors(function):
     return wrapper
 
 
+# Every probe option's default has one owner, ProbeRequest; the options below only show it.
+_DEFAULTS = ProbeRequest()
+
+
 def _echo_err(message: str) -> None:
     click.echo(message, err=True)
 
@@ -55,31 +60,37 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--model", "model_spec", default="mobilenet_v2", show_default=True, metavar="SPEC",
+@click.option("--model", "model_spec", default=_DEFAULTS.model, show_default=True, metavar="SPEC",
               help="Built-in model (" + ", ".join(sorted(BUILTIN_MODELS)) + "), FILE.py:FUNCTION returning an "
                    "uncompiled Keras model, or a .keras file.")
 @click.option("--memory-budget", default=None, metavar="SIZE",
-              help="Memory the training process may use, e.g. 1.5GiB, 512MiB, 2GB or bytes. Default: on CPU the "
-                   "smaller of available RAM and the cgroup room; on GPU NVML's free memory.")
+              help="Memory the training process may use, e.g. 1.5GiB, 512MiB, 2GB or bytes (a unit-less figure "
+                   "under 1 MiB is refused). Default: on CPU the smaller of available RAM and the cgroup room; on "
+                   "GPU NVML's free memory.")
+@click.option("--allow-overcommit", is_flag=True,
+              help="Accept a --memory-budget above what the device can give now (trials may swap or be killed).")
 @click.option("--device", default=None, metavar="CPU:0|GPU:N", help="Device to probe. Default: GPU:0 if NVML sees one, else CPU:0.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True, help="Keras dtype policy.")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISIONS), default=_DEFAULTS.precision, show_default=True, help="Keras dtype policy.")
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=_DEFAULTS.optimizer, show_default=True,
               help="Optimizer whose state the probe includes in memory.")
-@click.option("--start", type=click.IntRange(min=1), default=8, show_default=True, help="First batch size tried.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=4096, show_default=True, help="Never try a batch above this.")
-@click.option("--multiple", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--start", type=click.IntRange(min=1), default=_DEFAULTS.start, show_default=True, help="First batch size tried.")
+@click.option("--max-batch-limit", "--max-batch", "max_batch_limit", type=click.IntRange(min=1),
+              default=_DEFAULTS.max_batch_limit, show_default=True,
+              help="Never try a batch above this (--max-batch is an older name for it).")
+@click.option("--multiple", type=click.IntRange(min=1), default=_DEFAULTS.multiple, show_default=True,
               help="Batch sizes are multiples of this (e.g. 8, or the replica count).")
-@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=0.10, show_default=True,
+@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULTS.headroom, show_default=True,
               help="safe_batch fits budget x (1 - headroom).")
-@click.option("--steps-per-trial", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--steps-per-trial", type=click.IntRange(min=1), default=_DEFAULTS.steps_per_trial, show_default=True,
               help="Timed training steps per trial, after one warm-up step.")
-@click.option("--trial-seconds", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
-              help="Stop a trial's timed steps after this long (at least one step runs).")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default="slow_start", show_default=True,
+@click.option("--trial-seconds", type=click.FloatRange(min=0, min_open=True), default=_DEFAULTS.trial_seconds,
+              show_default=True, help="Stop a trial's timed steps after this long (at least one step runs).")
+@click.option("--strategy", type=click.Choice(STRATEGIES), default=_DEFAULTS.strategy, show_default=True,
               help="Search strategy; the others are the peers' finders, kept as baselines (BENCHMARKS.md).")
 @click.option("--profiles-dir", default=None, metavar="DIR",
               help="Where profiles live. Default: $EDGEBATCH_PROFILES, else ./device_profiles.")
-@click.option("--force", is_flag=True, help="Probe again even if a matching profile is cached.")
+@click.option("--force", is_flag=True,
+              help="Probe again even if a cached profile answers this request (same device, model, settings, budget).")
 @click.option("--no-save", is_flag=True, help="Do not write the profile.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the profile JSON on stdout.")
 @_handle_errors

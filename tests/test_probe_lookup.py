@@ -9,8 +9,8 @@ from edgebatch.errors import UsageError
 @pytest.fixture(scope="module")
 def mlp_profile(tmp_path_factory):
     directory = tmp_path_factory.mktemp("profiles")
-    # max_batch 64 keeps it to four small trials in one worker.
-    profile = probe("mlp", device="CPU:0", max_batch=64, profiles_dir=directory)
+    # A limit of 64 keeps it to four small trials in one worker.
+    profile = probe("mlp", device="CPU:0", max_batch_limit=64, profiles_dir=directory)
     return directory, profile
 
 

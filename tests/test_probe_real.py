@@ -132,7 +132,7 @@ def test_real_ooms_under_an_address_space_cap_are_survived_and_the_answer_runs(t
         DENSE_WIDE,
         device="CPU:0",
         memory_budget="16GiB",
-        max_batch=1024,
+        max_batch_limit=1024,
         profiles_dir=tmp_path,
         save=False,
         progress=lines.append,

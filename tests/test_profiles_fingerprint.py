@@ -35,7 +35,7 @@ def test_same_facts_same_fingerprint():
 def test_fingerprint_reads_like_the_device():
     fingerprint = device_fingerprint(*CPU)
     assert re.fullmatch(r"cpu-amd-epyc-7763-2c-24gib-[0-9a-f]{8}", fingerprint), fingerprint
-    assert device_fingerprint(*GPU).startswith("gpu-nvidia-h200-132c-140gib-")
+    assert device_fingerprint(*GPU).startswith("gpu-nvidia-h200-132c-141gib-")
     assert _is_safe_name(device_fingerprint("CPU", "Intel(R) Xeon(R) CPU E5-2680 v4 @ 2.40GHz", 4, None))
 
 
@@ -49,6 +49,41 @@ def test_major_driver_update_changes_the_fingerprint():
     assert device_fingerprint("GPU", "NVIDIA H200", 132, 141 * GIB, "550.54") != device_fingerprint(
         "GPU", "NVIDIA H200", 132, 141 * GIB, "555.42"
     )
+
+
+def test_this_machine_kinds_reported_memory_is_far_from_a_rounding_edge():
+    """MemTotal here is 24,683,792 kB (23.54 GiB): rounding to the nearest GiB sat 40 MiB from 23gib."""
+    reported = 24_683_792 * 1024
+    kind, description, cores, _ = CPU
+    fingerprint = device_fingerprint(kind, description, cores, reported)
+    assert "-24gib-" in fingerprint
+    # A boot that reserves 500 MiB more, or installs the whole 24 GiB, keeps the key.
+    for moved in (reported - 500 * MIB, 24 * GIB, 23 * GIB + 1):
+        assert device_fingerprint(kind, description, cores, moved) == fingerprint
+    assert device_fingerprint(kind, description, cores, 23 * GIB) != fingerprint
+
+
+def test_a_memory_limit_is_part_of_the_fingerprint():
+    kind, description, cores, memory = CPU
+    host = device_fingerprint(kind, description, cores, memory)
+    contained = device_fingerprint(kind, description, cores, memory, memory_limit_bytes=4 * GIB)
+    assert contained != host
+    assert "-24gib-lim4gib-" in contained
+    assert device_fingerprint(kind, description, cores, memory, memory_limit_bytes=1536 * MIB) != contained
+    assert "-lim1536mib-" in device_fingerprint(kind, description, cores, memory, memory_limit_bytes=1536 * MIB)
+    assert _is_safe_name(contained)
+
+
+def test_no_limit_keeps_the_key_that_committed_profiles_were_saved_under():
+    """device_profiles/ holds profiles keyed before limits counted: they must still be found."""
+    assert device_fingerprint("CPU", "AMD EPYC", 2, 25_275_990_016) == "cpu-amd-epyc-2c-24gib-fdd90336"
+
+
+def test_a_bad_memory_limit_is_refused():
+    kind, description, cores, memory = CPU
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="memory_limit_bytes"):
+            device_fingerprint(kind, description, cores, memory, memory_limit_bytes=bad)
 
 
 def test_a_few_mib_of_reported_memory_keep_the_fingerprint():

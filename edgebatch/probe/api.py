@@ -20,20 +20,20 @@ from pathlib import Path
 
 from edgebatch.errors import ProbeError, UsageError
 from edgebatch.probe import summary
-from edgebatch.probe.budget import DeviceFacts, default_budget, device_facts, default_device
+from edgebatch.probe.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
+from edgebatch.probe.reuse import reuse_problem
 from edgebatch.probe.search import Done, Outcome, Run, SearchConfig, Skip, next_step
-from edgebatch.probe.worker import Worker, WorkerSetup, start_worker
+from edgebatch.probe.worker import BASELINE_FIELDS, MEASURE_FIELDS, Worker, WorkerSetup, start_worker
 from edgebatch.profiles import (
     SCHEMA_VERSION,
     DeviceProfile,
     Trial,
-    device_fingerprint,
     find_profile,
     model_key,
     resolve_profiles_dir,
     save_profile,
 )
-from edgebatch.units import format_bytes, parse_size_bytes
+from edgebatch.units import format_bytes
 from edgebatch.zoo import OPTIMIZERS, PRECISIONS, parse_model_spec
 
 # A trial fits when its peak is at most 99% of the budget: max_batch must run in any fresh
@@ -56,21 +56,39 @@ PREWARM_STEPS = 5
 Progress = Callable[[str], None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProbeRequest:
+    """What a probe is asked; every default is written here once (the CLI reads them from here).
+
+    `max_batch_limit` is the largest batch the search may try; `max_batch` is only ever the answer.
+    `allow_overcommit` accepts an explicit budget above what the device can give now.
+    """
+
     model: str = "mobilenet_v2"
     device: str | None = None
     memory_budget: str | int | None = None
+    allow_overcommit: bool = False
     precision: str = "float32"
     optimizer: str = "adam"
     start: int = 8
-    max_batch: int = 4096
+    max_batch_limit: int = 4096
     multiple: int = 1
     headroom: float = 0.10
     steps_per_trial: int = 3
     trial_seconds: float = 10.0
     strategy: str = "slow_start"
     worker_address_space_headroom_bytes: int | None = None
+
+    def search_settings(self) -> dict:
+        """The settings a profile records under `search` (reuse.py compares those that change the answer)."""
+        return {
+            "strategy": self.strategy,
+            "start": self.start,
+            "multiple": self.multiple,
+            "max_batch_limit": self.max_batch_limit,
+            "steps_per_trial": self.steps_per_trial,
+            "trial_seconds": self.trial_seconds,
+        }
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
@@ -81,8 +99,14 @@ class ProbeRequest:
             raise UsageError(f"--headroom must be in [0, 1), got {self.headroom!r}")
         if self.steps_per_trial < 1:
             raise UsageError(f"--steps-per-trial must be >= 1, got {self.steps_per_trial!r}")
-        if self.max_batch < 1:
-            raise UsageError(f"--max-batch must be >= 1, got {self.max_batch!r}")
+        if self.start < 1:
+            raise UsageError(f"--start must be >= 1, got {self.start!r}")
+        if self.multiple < 1:
+            raise UsageError(f"--multiple must be >= 1, got {self.multiple!r}")
+        if self.max_batch_limit < self.multiple:
+            raise UsageError(
+                f"--max-batch-limit must be at least --multiple ({self.multiple}), got {self.max_batch_limit!r}"
+            )
         if self.trial_seconds <= 0:
             raise UsageError(f"trial seconds must be positive, got {self.trial_seconds!r}")
 
@@ -100,10 +124,17 @@ def probe(
 
     `model` is a built-in name, "FILE.py:FUNCTION", a ".keras" path, or a Keras model object (saved
     to a temporary .keras file for the worker). `options` are ProbeRequest's fields, with its
-    defaults: device, memory_budget, precision, optimizer, start, max_batch, multiple, headroom,
-    steps_per_trial, trial_seconds, strategy, worker_address_space_headroom_bytes. A cached
-    profile for the same device and model key is returned unless `force`. See
+    defaults: device, memory_budget, allow_overcommit, precision, optimizer, start, max_batch_limit,
+    multiple, headroom, steps_per_trial, trial_seconds, strategy, worker_address_space_headroom_bytes.
+    A cached profile is returned, unless `force`, only where it answers this request: same device
+    (fingerprint, memory limit included) and model key, the same settings that change the answer,
+    and a budget within 3% (probe/reuse.py); `progress` is told why it was or was not reused. See
     device_profiles/README.md for every field.
+
+    Raises:
+        UsageError: a bad option (unknown name, a unit-less budget under 1 MiB, a budget above what
+            the device can give without allow_overcommit, ...).
+        ProbeError: the probe could not finish (no batch fits, a worker failed).
     """
     unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ProbeRequest)})
     if unknown:
@@ -125,19 +156,15 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
     spec = parse_model_spec(request.model)
     device = (request.device or default_device()).upper()
     facts = device_facts(device)
-    if request.memory_budget is not None:
-        budget_bytes, budget_source = parse_size_bytes(request.memory_budget), "cli"
-    else:
-        budget_bytes, budget_source = default_budget(device)
+    budget_bytes, budget_source = resolve_budget(device, request.memory_budget, request.allow_overcommit)
     config = SearchConfig(
         budget_bytes=fit_budget_bytes(budget_bytes),
         start_batch=request.start,
-        max_batch=request.max_batch,
+        max_batch_limit=request.max_batch_limit,
         multiple=request.multiple,
         strategy=request.strategy,
         refuse_predicted_over_budget=facts.kind == "CPU",
     )
-    measure = "process_peak" if facts.kind == "CPU" else "allocator_peak"
     setup = WorkerSetup(
         model_spec=spec.text,
         precision=request.precision,
@@ -153,8 +180,13 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
     workers: list[Worker] = [scout]
     try:
         model_facts = scout.facts
+        # The worker says what its trials measure (worker.measure_of) and, on a GPU NVML does not
+        # see, what TensorFlow calls it.
+        measure = model_facts["measure"]
+        facts = with_worker_gpu_details(facts, model_facts.get("gpu"))
+        _refuse_budget_below_baseline(budget_bytes, model_facts, measure, device)
         # What one-shot estimators start from: the worker's memory before any trial batch.
-        baseline = model_facts.get("baseline_process_bytes" if measure == "process_peak" else "baseline_allocator_bytes")
+        baseline = model_facts.get(BASELINE_FIELDS[measure])
         config = dataclasses.replace(config, baseline_bytes=baseline)
         # Built-ins are known by their name; a user's function or file by the model's own name.
         name = spec.name if spec.kind == "builtin" else model_facts["name"]
@@ -166,14 +198,20 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             request.optimizer,
             model_facts["tensorflow"],
         )
-        fingerprint = device_fingerprint(
-            facts.kind, facts.description, facts.cores, facts.memory_total_bytes, facts.driver_version
-        )
+        fingerprint = facts.fingerprint
         directory = resolve_profiles_dir(profiles_dir)
         cached = None if force else find_profile(directory, fingerprint, key)
-        if cached is not None and _reusable(cached, request, budget_bytes):
-            progress(f"reusing cached profile {directory / cached.path_name} (use --force to probe again)")
-            return cached
+        if cached is not None:
+            problem = _reuse_problem(cached, request, budget_bytes)
+            if problem is None:
+                progress(
+                    f"reusing cached profile {directory / cached.path_name}: same device, model and settings, "
+                    "budget within 3% (--force probes again)"
+                )
+                return cached
+            progress(f"not reusing cached profile {directory / cached.path_name}: {problem}; probing again")
+        elif not force:
+            progress(f"no cached profile for this device and model in {directory}; probing")
         progress(f"model {model_facts['name']}: {model_facts['parameters']:,} parameters, {model_facts['keras_flavor']}")
         trials, final = _search(config, setup, workers, measure, progress)
     finally:
@@ -203,7 +241,11 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             return trials, step
         if isinstance(step, Skip):
             outcomes.append(Outcome(step.batch, ran=False, peak_bytes=step.predicted_peak_bytes, measured=False))
-            trials.append(Trial(step.batch, False, "predicted_over_budget", step.predicted_peak_bytes, None, None, None, None, measured=False))
+            trials.append(Trial(
+                batch=step.batch, ok=False, error="predicted_over_budget", peak_bytes=step.predicted_peak_bytes,
+                process_peak_bytes=None, allocator_peak_bytes=None, step_seconds=None, samples_per_second=None,
+                measured=False,
+            ))
             progress(f"  batch {step.batch:>6}  skipped: predicted peak {format_bytes(step.predicted_peak_bytes)} > budget")
             continue
         worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh)
@@ -240,8 +282,11 @@ def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: l
 
 def _trial_from_reply(reply: dict, measure: str, budget_bytes: int) -> Trial:
     if not reply.get("ok"):
-        return Trial(reply["batch"], False, reply.get("error") or "oom", None, None, None, None, None)
-    peak = reply["process_peak_bytes"] if measure == "process_peak" else reply["allocator_peak_bytes"]
+        return Trial(
+            batch=reply["batch"], ok=False, error=reply.get("error") or "oom", peak_bytes=None,
+            process_peak_bytes=None, allocator_peak_bytes=None, step_seconds=None, samples_per_second=None,
+        )
+    peak = reply.get(MEASURE_FIELDS[measure])
     fits = peak is not None and peak <= budget_bytes
     return Trial(
         batch=reply["batch"],
@@ -266,18 +311,34 @@ def _trial_line(trial: Trial) -> str:
     )
 
 
-def _reusable(cached: DeviceProfile, request: ProbeRequest, budget_bytes: int) -> bool:
-    """A cached profile answers an explicit budget only if it was probed under (nearly) that budget."""
-    if request.memory_budget is None:
-        return True
-    return abs(cached.budget_bytes - budget_bytes) <= 0.01 * budget_bytes
+def _reuse_problem(cached: DeviceProfile, request: ProbeRequest, budget_bytes: int) -> str | None:
+    return reuse_problem(
+        cached_search=cached.search,
+        cached_headroom=cached.headroom,
+        cached_budget_bytes=cached.budget_bytes,
+        requested_search=request.search_settings(),
+        requested_headroom=request.headroom,
+        requested_budget_bytes=budget_bytes,
+    )
+
+
+def _refuse_budget_below_baseline(budget_bytes: int, model_facts: dict, measure: str, device: str) -> None:
+    """A budget under what the worker holds before any batch cannot fit one: say so now, not after a whole probe."""
+    baseline = model_facts.get(BASELINE_FIELDS[measure])
+    if baseline is not None and budget_bytes <= baseline:
+        raise UsageError(
+            f"memory budget {format_bytes(budget_bytes)} is below what a worker holds on {device} before any batch "
+            f"({format_bytes(baseline)} with the model built): raise --memory-budget"
+        )
 
 
 def _build_profile(request, name, device, facts: DeviceFacts, fingerprint, key, model_facts, budget_bytes,
                    budget_source, measure, trials, max_batch, probe_seconds) -> DeviceProfile:
     model = summary.memory_model_of(trials)
     fit_budget = fit_budget_bytes(budget_bytes)
-    safe = summary.safe_batch_of(trials, fit_budget, request.headroom, request.multiple, model)
+    # One reading of the trials for both: the safe batch stays under the search's answer and under
+    # every failure that counts (summary.safe_batch_of), with no fallback of its own.
+    safe = summary.safe_batch_of(trials, fit_budget, request.headroom, request.multiple, model, max_batch)
     predicted = model.batch_for_bytes(fit_budget) if model is not None and model.per_sample_bytes > 0 else None
     return DeviceProfile(
         schema_version=SCHEMA_VERSION,
@@ -295,6 +356,7 @@ def _build_profile(request, name, device, facts: DeviceFacts, fingerprint, key, 
             "description": facts.description,
             "cores": facts.cores,
             "memory_total_bytes": facts.memory_total_bytes,
+            "memory_limit_bytes": facts.memory_limit_bytes,
             "driver_version": facts.driver_version,
             "compute_capability": facts.compute_capability,
         },
@@ -313,20 +375,13 @@ def _build_profile(request, name, device, facts: DeviceFacts, fingerprint, key, 
         measure=measure,
         headroom=request.headroom,
         max_batch=max_batch,
-        safe_batch=safe or max(request.multiple, int(max_batch * (1 - request.headroom)) // request.multiple * request.multiple),
+        safe_batch=safe if safe is not None else request.multiple,  # None only when no fit lies below a failure
         throughput_knee=summary.throughput_knee_of(trials, fit_budget),
         memory_model=model,
         predicted_ceiling=predicted,
         trials=tuple(trials),
         probe_seconds=round(probe_seconds, 2),
-        search={
-            "strategy": request.strategy,
-            "start": request.start,
-            "multiple": request.multiple,
-            "max_batch_limit": request.max_batch,
-            "steps_per_trial": request.steps_per_trial,
-            "trial_seconds": request.trial_seconds,
-        },
+        search=request.search_settings(),
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from edgebatch.errors import UsageError
 from edgebatch.probe.budget import default_device, device_facts
-from edgebatch.profiles import DeviceProfile, device_fingerprint, find_profile, model_key, resolve_profiles_dir
+from edgebatch.profiles import DeviceProfile, find_profile, model_key, resolve_profiles_dir
 from edgebatch.profiles.fingerprint import config_hash
 from edgebatch.zoo import OPTIMIZERS, PRECISIONS, build_model, parse_model_spec
 
@@ -41,14 +41,24 @@ def cached_profile(
 
     if isinstance(model, str):
         spec = parse_model_spec(model)
-        model = build_model(spec, precision)
+        model = _build_keeping_dtype_policy(spec, precision)
         # The probe names built-ins by their name, everything else by the model's own name.
         name = spec.name if spec.kind == "builtin" else model.name
     else:
         name = model.name
     facts = device_facts((device or default_device()).upper())
-    fingerprint = device_fingerprint(facts.kind, facts.description, facts.cores, facts.memory_total_bytes,
-                                      facts.driver_version)
+    fingerprint = facts.fingerprint
     inputs = [{"shape": list(spec.shape), "dtype": spec.dtype} for spec in input_specs(model)]
     key = model_key(name, config_hash(architecture_description(model)), inputs, precision, optimizer, tf.__version__)
     return find_profile(resolve_profiles_dir(profiles_dir), fingerprint, key)
+
+
+def _build_keeping_dtype_policy(spec, precision: str):
+    """build_model sets Keras's global dtype policy; the caller's training code keeps its own."""
+    import keras
+
+    policy = keras.mixed_precision.global_policy()
+    try:
+        return build_model(spec, precision)
+    finally:
+        keras.mixed_precision.set_global_policy(policy)

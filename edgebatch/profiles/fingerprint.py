@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 
+_MIB = 1024**2
 _GIB = 1024**3
 _DEVICE_KINDS = ("CPU", "GPU")
 
@@ -30,12 +31,20 @@ def device_fingerprint(
     cores: int | None,
     memory_total_bytes: int | None,
     driver_version: str | None = None,
+    memory_limit_bytes: int | None = None,
 ) -> str:
-    """A file-name-safe key for a device, e.g. 'cpu-amd-epyc-7763-2c-23gib-1a2b3c4d'.
+    """A file-name-safe key for a device, e.g. 'cpu-amd-epyc-7763-2c-24gib-1a2b3c4d'.
 
-    Memory is rounded to whole GiB so that a few MiB of difference in what the kernel or driver
-    reports (it moves with kernel reservations) keeps the key; the driver contributes only its
-    MAJOR version, so that a minor driver update (550.54 -> 550.90) keeps existing profiles.
+    Memory counts in whole GiB, rounded UP (`memory_size_gib`): what a kernel or driver reports is
+    the installed size minus its reservations, which move by tens of MiB between boots and kernel
+    versions, so the reported figure sits just under the installed size and the next whole GiB is
+    the installed size itself, far from any rounding edge. (Rounding to the nearest GiB put a
+    23.54 GiB host 40 MiB from flipping to 23gib.) `memory_limit_bytes` is a limit below the
+    device's total that applies to the training process (a container's cgroup limit): a profile
+    probed without it must not be found inside a 4 GiB container, so it is part of the key, to the
+    MiB (a limit is a setting, exact). Without a limit the key is the same as before limits were
+    counted, so older profiles are still found. The driver contributes only its MAJOR version, so
+    a minor driver update (550.54 -> 550.90) keeps existing profiles.
     """
     kind_upper = str(kind).upper()
     if kind_upper not in _DEVICE_KINDS:
@@ -44,7 +53,9 @@ def device_fingerprint(
         raise ValueError(f"cores must be a positive integer or None, got {cores!r}")
     if memory_total_bytes is not None and (isinstance(memory_total_bytes, bool) or memory_total_bytes < 0):
         raise ValueError(f"memory_total_bytes must be a non-negative integer or None, got {memory_total_bytes!r}")
-    memory_gib = None if memory_total_bytes is None else round(memory_total_bytes / _GIB)
+    if memory_limit_bytes is not None and (isinstance(memory_limit_bytes, bool) or memory_limit_bytes <= 0):
+        raise ValueError(f"memory_limit_bytes must be a positive integer or None, got {memory_limit_bytes!r}")
+    memory_gib = None if memory_total_bytes is None else memory_size_gib(memory_total_bytes)
     facts = {
         "kind": kind_upper,
         "description": " ".join(str(description).split()).casefold(),
@@ -52,6 +63,8 @@ def device_fingerprint(
         "memory_gib": memory_gib,
         "driver_major": driver_major_version(driver_version),
     }
+    if memory_limit_bytes is not None:
+        facts["memory_limit_mib"] = -(-int(memory_limit_bytes) // _MIB)
     parts = [kind_upper.lower()]
     description_slug = _slug(_DESCRIPTION_NOISE_RE.sub(" ", str(description)), _MAX_DESCRIPTION_SLUG_CHARS)
     if description_slug:
@@ -60,8 +73,21 @@ def device_fingerprint(
         parts.append(f"{cores}c")
     if memory_gib is not None:
         parts.append(f"{memory_gib}gib")
+    if memory_limit_bytes is not None:
+        parts.append(f"lim{_limit_slug(memory_limit_bytes)}")
     parts.append(_short_hash(facts, 8))
     return "-".join(parts)
+
+
+def memory_size_gib(memory_bytes: int) -> int:
+    """Reported memory in whole GiB, rounded up: 24 GiB - 37 MiB -> 24; 23.54 GiB -> 24; 0.9 GiB -> 1."""
+    return max(1, -(-int(memory_bytes) // _GIB))
+
+
+def _limit_slug(limit_bytes: int) -> str:
+    """'4gib' for a whole number of GiB, else whole MiB ('1536mib'): short, and exact enough to read."""
+    limit_mib = -(-int(limit_bytes) // _MIB)
+    return f"{limit_mib // 1024}gib" if limit_mib % 1024 == 0 else f"{limit_mib}mib"
 
 
 def model_key(

@@ -136,6 +136,8 @@ PROFILE_SCHEMA: dict = {
                 "description": {"type": "string"},
                 "cores": {"type": ["integer", "null"], "minimum": 1},
                 "memory_total_bytes": _OPTIONAL_COUNT,
+                # Added after schema 1 shipped, so optional: a cgroup limit under the total, or null.
+                "memory_limit_bytes": _OPTIONAL_COUNT,
                 "driver_version": _OPTIONAL_TEXT,
                 "compute_capability": _OPTIONAL_TEXT,
             },
@@ -177,7 +179,7 @@ PROFILE_SCHEMA: dict = {
         },
         "budget_bytes": {"type": "integer", "minimum": 1},
         "budget_source": _TEXT,
-        "measure": {"enum": ["process_peak", "allocator_peak"]},
+        "measure": {"enum": ["process_peak", "allocator_peak", "device_used"]},
         "headroom": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
         "max_batch": _BATCH,
         "safe_batch": _BATCH,

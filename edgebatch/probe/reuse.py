@@ -1,0 +1,59 @@
+"""When a cached profile answers a new probe request, and in one line why not.
+
+Pure: plain values in, a reason (or None) out. The device and the model are already matched by the
+profile's file name (device fingerprint, which includes the memory limit that applies, and model
+key); what is left is everything else that changes the answer:
+
+- the search settings: the batch limit, the multiple, the strategy, the steps and seconds a trial
+  runs, and the headroom (it decides `safe_batch`). `start` is left out: it changes where the
+  search begins, not where it ends. A profile that records no `search` settings (written by a
+  version before they were recorded) is not reused.
+- the budget, explicit or default, within BUDGET_TOLERANCE_FRACTION. A default budget is the RAM
+  available when the probe starts, which moves with whatever else runs; within 3% the profile's
+  trials still bracket the answer (fresh processes differ by 1-2% in peak memory anyway, see
+  device_profiles/README.md), beyond it the answer moves by about as much.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from edgebatch.units import format_bytes
+
+BUDGET_TOLERANCE_FRACTION = 0.03
+
+# Settings recorded in a profile's `search` dict that change its answer, with their names for people.
+ANSWER_SETTINGS = {
+    "max_batch_limit": "--max-batch-limit",
+    "multiple": "--multiple",
+    "strategy": "--strategy",
+    "steps_per_trial": "--steps-per-trial",
+    "trial_seconds": "--trial-seconds",
+}
+
+
+def reuse_problem(
+    *,
+    cached_search: Mapping[str, Any] | None,
+    cached_headroom: float,
+    cached_budget_bytes: int,
+    requested_search: Mapping[str, Any],
+    requested_headroom: float,
+    requested_budget_bytes: int,
+) -> str | None:
+    """None when the cached profile answers the request; else why not, as one line for people."""
+    if not cached_search:
+        return "it records no search settings (written by an older edgebatch)"
+    for name, option in ANSWER_SETTINGS.items():
+        cached, requested = cached_search.get(name), requested_search[name]
+        if cached != requested:
+            return f"it was probed with {option} {cached}, this probe asks for {requested}"
+    if abs(cached_headroom - requested_headroom) > 1e-9:
+        return f"it was probed with --headroom {cached_headroom}, this probe asks for {requested_headroom}"
+    if abs(cached_budget_bytes - requested_budget_bytes) > BUDGET_TOLERANCE_FRACTION * requested_budget_bytes:
+        return (
+            f"its budget {format_bytes(cached_budget_bytes)} differs from this probe's "
+            f"{format_bytes(requested_budget_bytes)} by more than {BUDGET_TOLERANCE_FRACTION:.0%}"
+        )
+    return None

@@ -1,0 +1,185 @@
+"""A cached profile is reused only where it answers the request; budgets are checked where they enter.
+
+The reuse rules and budget checks are pure and tested by table; one real probe (a tiny MLP, one
+worker) shows the probe says in one line why it reused or probed again.
+"""
+
+import pytest
+
+from edgebatch.errors import UsageError
+from edgebatch.probe.api import ProbeRequest
+from edgebatch.probe.budget import (
+    DeviceFacts,
+    device_facts,
+    explicit_budget_bytes,
+    overcommit_problem,
+    resolve_budget,
+)
+from edgebatch.probe.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
+from edgebatch.sensors.cgroup import CgroupMemory
+from edgebatch.sensors.host import HostMemory
+
+GIB = 1024**3
+MIB = 1024**2
+SEARCH = ProbeRequest().search_settings()
+
+
+def problem(search=None, headroom=0.10, budget=GIB, **requested):
+    requested_search = {**SEARCH, **{k: v for k, v in requested.items() if k in SEARCH}}
+    return reuse_problem(
+        cached_search=SEARCH if search is None else search,
+        cached_headroom=0.10,
+        cached_budget_bytes=GIB,
+        requested_search=requested_search,
+        requested_headroom=headroom,
+        requested_budget_bytes=budget,
+    )
+
+
+def test_the_same_request_reuses():
+    assert problem() is None
+
+
+def test_another_start_reuses_it_moves_the_path_not_the_answer():
+    assert problem(start=32) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"max_batch_limit": 48}, "--max-batch-limit 4096, this probe asks for 48"),
+        ({"multiple": 16}, "--multiple 1, this probe asks for 16"),
+        ({"strategy": "binsearch"}, "--strategy slow_start"),
+        ({"steps_per_trial": 10}, "--steps-per-trial 3"),
+        ({"trial_seconds": 30.0}, "--trial-seconds 10.0"),
+        ({"headroom": 0.5}, "--headroom 0.1, this probe asks for 0.5"),
+    ],
+)
+def test_a_setting_that_changes_the_answer_probes_again(change, fragment):
+    reason = problem(**change)
+    assert reason is not None and fragment in reason
+
+
+def test_the_budget_must_match_within_the_tolerance_explicit_or_default():
+    inside = int(GIB * (1 - BUDGET_TOLERANCE_FRACTION * 0.9))
+    outside = int(GIB * (1 - BUDGET_TOLERANCE_FRACTION * 1.1))
+    assert problem(budget=inside) is None
+    reason = problem(budget=outside)
+    assert reason is not None and "budget 1.00 GiB differs" in reason and "3%" in reason
+    assert problem(budget=4 * GIB) is not None
+
+
+def test_a_profile_without_recorded_settings_is_not_reused():
+    assert "no search settings" in problem(search={})
+
+
+def test_a_memory_limit_under_the_total_is_part_of_the_device_fingerprint(monkeypatch):
+    """A profile probed on the 24 GiB host must not be found inside a 4 GiB container."""
+    import edgebatch.sensors as sensors
+
+    def host(limit):
+        cgroup = None if limit is None else CgroupMemory(version=2, limit_bytes=limit, usage_bytes=GIB)
+        return lambda: HostMemory(total_bytes=24 * GIB, available_bytes=20 * GIB, process_rss_bytes=GIB,
+                                  cgroup=cgroup, psi=None)
+
+    monkeypatch.setattr(sensors, "read_host_memory", host(None))
+    bare = device_facts("CPU:0")
+    monkeypatch.setattr(sensors, "read_host_memory", host(4 * GIB))
+    contained = device_facts("CPU:0")
+    monkeypatch.setattr(sensors, "read_host_memory", host(64 * GIB))  # a limit above the total does not bind
+    loose = device_facts("CPU:0")
+    assert bare.memory_limit_bytes is None and loose.memory_limit_bytes is None
+    assert contained.memory_limit_bytes == 4 * GIB
+    assert contained.fingerprint != bare.fingerprint and "-lim4gib-" in contained.fingerprint
+    assert loose.fingerprint == bare.fingerprint
+
+
+def test_facts_without_a_limit_keep_the_committed_profiles_fingerprint():
+    facts = DeviceFacts(kind="CPU", index=0, description="AMD EPYC", cores=2, memory_total_bytes=24 * GIB)
+    assert facts.fingerprint == "cpu-amd-epyc-2c-24gib-fdd90336"
+
+
+@pytest.mark.parametrize("budget", ["100", 100, "1048575", " 512 "])
+def test_a_unitless_budget_under_1_mib_is_refused_with_a_hint(budget):
+    with pytest.raises(UsageError, match=r"too small to train anything: write a unit, e\.g\. \d+MiB"):
+        explicit_budget_bytes(budget)
+
+
+@pytest.mark.parametrize(("budget", "expected"), [("1048576", MIB), (2 * GIB, 2 * GIB), ("100MiB", 100 * MIB),
+                                                  ("512KiB", 512 * 1024)])
+def test_budgets_with_a_unit_or_of_1_mib_and_more_are_taken(budget, expected):
+    assert explicit_budget_bytes(budget) == expected
+
+
+def test_a_budget_above_the_room_is_refused_unless_the_room_is_unknown():
+    assert overcommit_problem("CPU:0", GIB, 2 * GIB) is None
+    assert overcommit_problem("GPU:0", 80 * GIB, None) is None
+    message = overcommit_problem("CPU:0", 30 * GIB, 20 * GIB)
+    assert "30.00 GiB is more than CPU:0 can give now (20.00 GiB)" in message
+    assert "--allow-overcommit" in message
+
+
+def test_resolve_budget_on_this_machine():
+    with pytest.raises(UsageError, match="--allow-overcommit"):
+        resolve_budget("CPU:0", "64TiB", allow_overcommit=False)
+    assert resolve_budget("CPU:0", "64TiB", allow_overcommit=True) == (64 * 1024 * GIB, "cli")
+    assert resolve_budget("CPU:0", "1GiB", allow_overcommit=False) == (GIB, "cli")
+    default_bytes, source = resolve_budget("CPU:0", None, allow_overcommit=False)
+    assert default_bytes > GIB and source in ("available_ram", "cgroup_limit")
+
+
+def test_bad_request_fields_are_refused_before_any_worker_starts(tmp_path):
+    from edgebatch import probe
+
+    with pytest.raises(UsageError, match="--max-batch-limit must be at least --multiple"):
+        probe("mlp", max_batch_limit=4, multiple=8, profiles_dir=tmp_path)
+    with pytest.raises(UsageError, match="unknown probe option"):
+        probe("mlp", max_batch=64, profiles_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+class _Stop(Exception):
+    """Raised by the test's progress callback once the probe has said what it decided."""
+
+
+def _probe_until_decided(directory, **options):
+    from edgebatch import probe
+
+    lines = []
+
+    def progress(line):
+        lines.append(line)
+        if line.startswith(("not reusing", "no cached profile")):
+            raise _Stop(line)
+
+    try:
+        profile = probe("mlp", device="CPU:0", profiles_dir=directory, progress=progress, **options)
+    except _Stop as stop:
+        return None, str(stop)
+    return profile, next(line for line in lines if line.startswith("reusing"))
+
+
+@pytest.mark.slow
+def test_the_probe_says_why_it_reused_or_probed_again(tmp_path):
+    from edgebatch import probe
+
+    first = probe("mlp", device="CPU:0", memory_budget="4GiB", max_batch_limit=32, profiles_dir=tmp_path)
+    saved = sorted(tmp_path.iterdir())
+    again, line = _probe_until_decided(tmp_path, memory_budget="4GiB", max_batch_limit=32)
+    assert again is not None and again.max_batch == first.max_batch and "budget within 3%" in line
+    _, line = _probe_until_decided(tmp_path, memory_budget="4GiB", max_batch_limit=16)
+    assert "not reusing" in line and "--max-batch-limit 32, this probe asks for 16" in line
+    _, line = _probe_until_decided(tmp_path, memory_budget="2GiB", max_batch_limit=32)
+    assert "budget 4.00 GiB differs from this probe's 2.00 GiB" in line
+    assert sorted(tmp_path.iterdir()) == saved, "a stopped probe writes nothing"
+
+
+@pytest.mark.slow
+def test_a_budget_below_the_workers_baseline_is_refused_before_any_trial(tmp_path):
+    from edgebatch import probe
+
+    lines = []
+    with pytest.raises(UsageError, match="below what a worker holds on CPU:0 before any batch"):
+        probe("mlp", device="CPU:0", memory_budget="50MiB", profiles_dir=tmp_path, progress=lines.append)
+    assert not any("batch " in line and "peak" in line for line in lines), lines
+    assert list(tmp_path.iterdir()) == []
