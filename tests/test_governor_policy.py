@@ -223,10 +223,31 @@ def test_oom_at_the_smallest_size_is_exhausted():
     assert "cannot shrink" in decision.reason and state.oom_count == 1
 
 
-def test_oom_of_a_smaller_remainder_batch_shrinks_below_it():
-    cfg = config()
-    _, decision = step(cfg, state_at(cfg, 32), Observation(pressure=None, oom=True, micro_batch=20))
-    assert decision.micro_batch == 10
+def test_oom_of_the_remainder_piece_shrinks_from_the_size_that_was_running():
+    # effective 100 at 32 runs pieces [32, 32, 32, 4]; the 4 failing must not collapse to 2
+    cfg = config(ceiling_batch=100, effective_batch=100)
+    state, decision = step(cfg, state_at(cfg, 32), Observation(pressure=None, oom=True, micro_batch=4))
+    assert decision.micro_batch == 16 and decision.accumulation_steps == 7 and not decision.exhausted
+    assert decision.reason == "oom (a piece of 4): 32 -> 16"
+    assert state.threshold_batch == 32
+
+
+def test_oom_with_running_micro_batch_given_shrinks_from_it():
+    cfg = config(ceiling_batch=100, effective_batch=100)
+    remainder = Observation(pressure=None, oom=True, micro_batch=4, running_micro_batch=32)
+    state, decision = step(cfg, state_at(cfg, 32), remainder)
+    assert decision.micro_batch == 16 and state.threshold_batch == 32
+    # a restarted process resumed at 64 from an older checkpoint is told 32 died (a full piece)
+    killed = Observation(pressure=None, oom=True, micro_batch=32, running_micro_batch=32)
+    state, decision = step(cfg, state_at(cfg, 64), killed)
+    assert decision.micro_batch == 16 and state.threshold_batch == 32
+
+
+def test_oom_of_a_remainder_at_the_smallest_size_is_exhausted():
+    cfg = config(ceiling_batch=10, effective_batch=10, min_batch=4)
+    # [4, 4, 2]: the 2 failed and 4 is the smallest size allowed
+    state, decision = step(cfg, state_at(cfg, 4), Observation(pressure=None, oom=True, micro_batch=2))
+    assert decision.exhausted and decision.micro_batch == 4 and state.oom_count == 1
 
 
 def test_a_stale_oom_from_a_larger_size_does_not_shrink_again():

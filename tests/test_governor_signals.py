@@ -5,7 +5,14 @@ import dataclasses
 
 import pytest
 
-from edgebatch.governor.policy import GovernorConfig, Observation, initial_state, model_fit_batch, step
+from edgebatch.governor.policy import (
+    GovernorConfig,
+    Observation,
+    footprint_bytes,
+    initial_state,
+    model_fit_batch,
+    step,
+)
 
 MiB = 1024 * 1024
 
@@ -34,25 +41,84 @@ def test_model_fit_batch_is_the_largest_batch_under_target():
 
 def test_pressure_shrink_picks_the_model_fit_instead_of_halving():
     cfg = config(fixed_bytes=100 * MiB, per_sample_bytes=10 * MiB)
+    # predicted at 64: (200 + 100 + 640) / 1000 = 0.94 of the limit
     observation = Observation(pressure=0.93, limit_bytes=1000 * MiB, used_bytes=200 * MiB)  # fits 50
     _, decision = step(cfg, state_at(cfg, 64), observation)
-    assert decision.micro_batch == 50 and decision.reason == "pressure 0.93 > 0.90: 64 -> 50 (model fits 50)"
+    assert decision.micro_batch == 50 and decision.reason == "predicted 0.94 > 0.90: 64 -> 50 (model fits 50)"
 
 
 def test_pressure_shrink_with_model_stays_within_the_shrink_factor():
+    cfg = config(fixed_bytes=0.0, per_sample_bytes=250 / 64 * MiB)
+    # predicted at 64: (700 + 250) / 1000 = 0.95, below the hard limit; fits 25, below the bound 32
+    observation = Observation(pressure=0.93, limit_bytes=1000 * MiB, used_bytes=700 * MiB)
+    _, decision = step(cfg, state_at(cfg, 64), observation)
+    assert decision.micro_batch == 32 and decision.reason == "predicted 0.95 > 0.90: 64 -> 32 (model fits 25)"
+
+
+def test_hard_limit_goes_to_the_model_fit_at_once_even_in_cooldown():
     cfg = config(fixed_bytes=100 * MiB, per_sample_bytes=10 * MiB)
+    # predicted at 64: (600 + 740) / 1000 = 1.34: this size does not fit at all
     observation = Observation(pressure=0.93, limit_bytes=1000 * MiB, used_bytes=600 * MiB)  # fits 10
-    assert step(cfg, state_at(cfg, 64), observation)[1].micro_batch == 32
+    state, decision = step(cfg, state_at(cfg, 64, cooldown_left=7), observation)
+    assert decision.micro_batch == 10
+    assert decision.reason == "predicted 1.34 > 0.97 (hard limit): 64 -> 10 (model fits 10)"
+    assert state.cooldown_left == cfg.cooldown_updates
 
 
-def test_pressure_that_the_model_attributes_to_our_own_cache_does_not_shrink():
+def test_hard_limit_is_above_the_fraction_not_at_it():
+    cfg = config(fixed_bytes=0.0, per_sample_bytes=1 * MiB)
+    at_limit = Observation(pressure=0.5, limit_bytes=1000 * MiB, used_bytes=906 * MiB)  # (906 + 64) / 1000
+    state, decision = step(cfg, state_at(cfg, 64, cooldown_left=3), at_limit)
+    assert not decision.changed and state.cooldown_left == 2
+    over = dataclasses.replace(at_limit, used_bytes=907 * MiB)
+    assert step(cfg, state_at(cfg, 64, cooldown_left=3), over)[1].changed
+
+
+def test_a_full_device_that_is_our_own_cache_is_calm_with_a_model():
     cfg = config(fixed_bytes=100 * MiB, per_sample_bytes=1 * MiB)
-    observation = Observation(pressure=0.95, limit_bytes=1000 * MiB, used_bytes=0)  # fits 700
-    state, decision = step(cfg, state_at(cfg, 64, calm_streak=3), observation)
-    assert not decision.changed and decision.micro_batch == 64
-    assert state.calm_streak == 0 and state.cooldown_left == 0
+    # the device reads 0.95, all of it this job's pool; others use nothing: fits 700
+    observation = Observation(pressure=0.95, limit_bytes=1000 * MiB, used_bytes=0, own_bytes=950 * MiB)
+    state, decision = step(cfg, state_at(cfg, 32, calm_streak=3), observation)
+    assert not decision.changed and decision.micro_batch == 32
+    assert state.calm_streak == 4 and state.cooldown_left == 0
     # the same reading without the byte counts: halve
-    assert step(cfg, state_at(cfg, 64), Observation(pressure=0.95))[1].micro_batch == 32
+    assert step(cfg, state_at(cfg, 32), Observation(pressure=0.95))[1].micro_batch == 16
+
+
+def test_without_a_model_a_room_reading_is_judged_on_what_others_use():
+    cfg = config()
+    own_pool = Observation(pressure=0.95, limit_bytes=1000 * MiB, used_bytes=20 * MiB, own_bytes=930 * MiB)
+    state, decision = step(cfg, state_at(cfg, 32, calm_streak=3), own_pool)
+    assert not decision.changed and state.calm_streak == 4
+    neighbour = Observation(pressure=0.95, limit_bytes=1000 * MiB, used_bytes=920 * MiB, own_bytes=30 * MiB)
+    _, decision = step(cfg, state_at(cfg, 32), neighbour)
+    assert decision.micro_batch == 16 and decision.reason == "others use 0.92 > 0.90: 32 -> 16"
+
+
+@pytest.mark.parametrize(
+    "model_measure, reading_measure, applies",
+    [
+        ("process_peak", "process_peak", True),
+        ("process_peak", "allocator_peak", False),
+        ("allocator_peak", "process_peak", False),
+        (None, "allocator_peak", True),
+        ("process_peak", None, True),
+    ],
+)
+def test_the_memory_model_applies_only_to_a_reading_in_its_measure(model_measure, reading_measure, applies):
+    cfg = config(fixed_bytes=100 * MiB, per_sample_bytes=10 * MiB, model_measure=model_measure)
+    fit = model_fit_batch(cfg, 1000 * MiB, 200 * MiB, reading_measure)
+    assert fit == (50 if applies else None)
+    observation = Observation(pressure=0.3, limit_bytes=1000 * MiB, used_bytes=200 * MiB, measure=reading_measure)
+    _, decision = step(cfg, state_at(cfg, 64), observation)
+    # predicted 0.94 shrinks to the fit; others' 0.20 alone is calm
+    assert decision.micro_batch == (50 if applies else 64)
+
+
+def test_extra_bytes_count_in_the_fit_and_the_footprint():
+    cfg = config(fixed_bytes=100 * MiB, per_sample_bytes=10 * MiB, extra_bytes=100 * MiB)
+    assert model_fit_batch(cfg, 1000 * MiB, 200 * MiB) == 40
+    assert footprint_bytes(cfg, 40) == 600 * MiB
 
 
 def test_growth_stops_at_the_model_fit():
@@ -61,7 +127,7 @@ def test_growth_stops_at_the_model_fit():
     _, decision = step(cfg, state_at(cfg, 32, calm_streak=4), observation)
     assert decision.micro_batch == 50
     state, decision = step(cfg, state_at(cfg, 50, calm_streak=4), observation)
-    assert not decision.changed and state.calm_streak == 5
+    assert not decision.changed and state.calm_streak == 0, "at the fit a prediction is not calm"
 
 
 # --- slow steps and PSI -----------------------------------------------------------------------

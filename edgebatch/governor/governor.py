@@ -7,6 +7,7 @@ It adds what a loop needs around the pure core: the current decision, a history 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 from edgebatch.governor.policy import (
@@ -21,7 +22,7 @@ from edgebatch.governor.policy import (
 )
 from edgebatch.governor.sizes import legal_at_most
 
-__all__ = ["Governor"]
+__all__ = ["Governor", "trainable_bytes"]
 
 STATE_DICT_VERSION = 1
 
@@ -48,28 +49,43 @@ class Governor:
         # memory model; a stale reading can only lower an OOM shrink further, never raise it.
         self._last_limit_bytes: int | None = None
         self._last_used_bytes: int | None = None
+        self._last_measure: str | None = None
 
     def observe(self, observation: Observation) -> Decision:
         """Apply one observation (one per optimizer update, or an OOM at any time); return the decision."""
         if observation.limit_bytes is not None and observation.used_bytes is not None:
             self._last_limit_bytes = observation.limit_bytes
             self._last_used_bytes = observation.used_bytes
+            self._last_measure = observation.measure
         self.state, self.decision = step(self.config, self.state, observation)
         if self.decision.changed or self.decision.exhausted:
             entry = _history_entry(self.state.updates, self.decision, observation.pressure, observation.oom)
             self.history.append(entry)
         return self.decision
 
-    def on_oom(self, micro_batch: int, *, limit_bytes: int | None = None, used_bytes: int | None = None) -> Decision:
+    def on_oom(
+        self,
+        micro_batch: int,
+        *,
+        limit_bytes: int | None = None,
+        used_bytes: int | None = None,
+        running_micro_batch: int | None = None,
+        measure: str | None = None,
+    ) -> Decision:
         """A micro-batch of `micro_batch` examples ran out of memory: shrink now.
 
-        Uses the last memory reading observed unless `limit_bytes`/`used_bytes` are given. Check
+        `running_micro_batch`: the size the update was being split into when that piece failed
+        (say 32 when the 4-example remainder of [32, 32, 32, 4] failed); by default a piece smaller
+        than the current decision counts as a remainder of it (policy.py). Uses the last memory
+        reading observed unless `limit_bytes`/`used_bytes` (in `measure`) are given. Check
         `decision.exhausted`: True means even the smallest micro-batch failed.
         """
         if limit_bytes is None or used_bytes is None:
             limit_bytes, used_bytes = self._last_limit_bytes, self._last_used_bytes
+            measure = self._last_measure
         observation = Observation(
-            pressure=None, oom=True, micro_batch=micro_batch, limit_bytes=limit_bytes, used_bytes=used_bytes
+            pressure=None, oom=True, micro_batch=micro_batch, limit_bytes=limit_bytes, used_bytes=used_bytes,
+            measure=measure, running_micro_batch=running_micro_batch,
         )
         return self.observe(observation)
 
@@ -109,18 +125,31 @@ class Governor:
 
     @classmethod
     def from_profile(
-        cls, profile: Any, effective_batch: int, *, use_max_batch: bool = False, **config_overrides: Any
+        cls,
+        profile: Any,
+        effective_batch: int,
+        *,
+        use_max_batch: bool = False,
+        model: Any = None,
+        extra_bytes: float = 0.0,
+        **config_overrides: Any,
     ) -> Governor:
         """A governor for `profile` (duck-typed DeviceProfile) training with `effective_batch`.
 
         Ceiling: profile.safe_batch (profile.max_batch with use_max_batch); memory model from
-        profile.memory_model when it has one. Start micro-batch = min(effective_batch, ceiling).
+        profile.memory_model when it has one, in profile.measure (so it is applied only to the
+        sensor that reads the same measure: process RSS on CPU, allocator bytes on GPU). The probe
+        measured a plain training step; `fit` adds memory of its own: pass the Keras `model` to
+        count its gradient accumulators (one copy of the trainable weights) and `extra_bytes` for
+        anything else (the read-ahead buffer). Start micro-batch = min(effective_batch, ceiling).
         `config_overrides` are GovernorConfig fields and win over what the profile says.
         """
         ceiling = profile.max_batch if use_max_batch else profile.safe_batch
         if ceiling is None:
             which = "max_batch" if use_max_batch else "safe_batch"
             raise GovernorConfigError(f"profile has no {which} to use as the ceiling, got {ceiling!r}")
+        if isinstance(extra_bytes, bool) or not isinstance(extra_bytes, numbers.Real) or not extra_bytes >= 0:
+            raise GovernorConfigError(f"extra_bytes must be a number >= 0, got {extra_bytes!r}")
         settings: dict[str, Any] = {"ceiling_batch": ceiling, "effective_batch": effective_batch}
         memory_model = getattr(profile, "memory_model", None)
         per_sample = getattr(memory_model, "per_sample_bytes", None)
@@ -129,10 +158,32 @@ class Governor:
         if memory_model is not None and per_sample is not None and per_sample > 0:
             settings["fixed_bytes"] = max(0.0, float(memory_model.fixed_bytes))
             settings["per_sample_bytes"] = float(per_sample)
+            settings["model_measure"] = getattr(profile, "measure", None)
+            accumulators = 0 if model is None else trainable_bytes(model)
+            settings["extra_bytes"] = float(extra_bytes) + accumulators
         settings.update(config_overrides)
         config = GovernorConfig(**settings)
         start = min(config.effective_batch, config.ceiling_batch)
         return cls(config, start_micro_batch=max(start, config.min_batch))
+
+
+def trainable_bytes(model: Any) -> int:
+    """Bytes of one copy of `model.trainable_variables` (what fit's gradient accumulators hold).
+
+    Duck-typed (no TensorFlow import): each variable needs a fully known `.shape` and a `.dtype`
+    that is a dtype name (Keras 3) or has `.size` in bytes (tf.DType).
+    """
+    import numpy as np
+
+    variables = getattr(model, "trainable_variables", None)
+    if variables is None:
+        raise GovernorConfigError(f"model must have trainable_variables, got {model!r}")
+    total = 0
+    for variable in variables:
+        dtype = variable.dtype
+        itemsize = dtype.size if hasattr(dtype, "size") and not isinstance(dtype, str) else np.dtype(dtype).itemsize
+        total += int(np.prod([int(dim) for dim in variable.shape], dtype=np.int64)) * int(itemsize)
+    return total
 
 
 def _history_entry(update: int, decision: Decision, pressure: float | None, oom: bool) -> dict[str, Any]:

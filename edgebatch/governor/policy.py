@@ -11,13 +11,39 @@ change (x1.5 from 1 goes to 2; with multiple=8, x1.5 from 8 goes to 16).
 Observations. One per optimizer update (it advances `updates` and counts down the cooldown),
 except `oom=True`, which may come after any micro-batch, is not an update, and acts at once.
 
-OOM (oom=True; ignores patience and cooldown). failed = observation.micro_batch (else the current
-size); target = floor(failed x oom_shrink_factor), lowered further to the model's fit when there is
-one (the only way below the factor); new = min(current, largest legal size <= target), at least
-lower_batch. If that is smaller than the current size it is taken; if not and failed <= current, the
-smallest size has failed too: the decision is unchanged with `exhausted=True` (the training loop
-should give up); if failed > current the report is stale (already smaller): only counted. In every
-case oom_count += 1, the calm streak resets and the cooldown restarts.
+OOM (oom=True; ignores patience and cooldown). The size that was running: running =
+max(observation.running_micro_batch, micro_batch) when the caller says; otherwise max(micro_batch,
+current size) (a failed piece smaller than the current size is the remainder of an update split
+at the current size, as in [32, 32, 32, 4]; micro_batch None means the current size). target =
+floor(running x oom_shrink_factor), lowered further to the model's fit when there is one (the only
+way below the factor); new = min(current, largest legal size <= target), at least lower_batch. If
+that is smaller than the current size it is taken; if not and running <= current, the smallest
+size has failed too: the decision is unchanged with `exhausted=True` (the training loop should
+give up); if running > current the report is stale (already smaller, e.g. a restarted process
+resumed from an older checkpoint): only counted. In every case oom_count += 1, the calm streak
+resets, the cooldown restarts as an *OOM cooldown* (the calm streak does not count in it), and
+the OOM threshold (TCP's ssthresh) becomes min(threshold, running), its calm count reset to 0.
+
+OOM threshold. While one is set: growth is multiplicative (rule 5) only up to the safe point
+floor(threshold x threshold_safe_fraction); from the safe point on it is additive, one legal step
+per growth (still after patience and cooldown); it never reaches the threshold. Every calm update
+outside an OOM cooldown counts towards expiry: after threshold_expiry_updates of them it is
+raised to max(ceil(threshold / threshold_safe_fraction), threshold + 1), so the old threshold is
+the new safe point (one probe of it, not a regrowth by the factor past it), and forgotten
+(threshold_batch None) once that exceeds upper_batch; the count starts again. So a device freed
+meanwhile is reclaimed, slowly; the next OOM sets the threshold again.
+
+Load. What an update observation is judged on, from its memory reading:
+- a room reading (limit_bytes with used_bytes, the bytes *others* use under that limit, in the
+  observation's `measure`; what others leave this job is limit - used). With a memory model
+  that applies to the reading (config.model_measure is None, the reading has no measure, or they
+  are equal) the load is *predicted*: (used + footprint(current)) / limit, where footprint(b) =
+  fixed_bytes + extra_bytes + per_sample_bytes x b, the fraction of the limit in use if this job
+  held exactly what the next micro-batch needs; a predicted load > hard_limit_fraction is the
+  *hard limit*. Without such a model, load = used / limit (what others take: TensorFlow's
+  allocators and the process heap keep what they freed, so this job's own bytes say nothing about
+  the next micro-batch; its own growth is bounded by OOMs and the threshold).
+- no room reading: load = observation.pressure (the whole device, as read), None when not read.
 
 Update observations, in this order:
 1. Slow step: with step_seconds, the micro-batch it ran at (observation.micro_batch, else the
@@ -26,30 +52,32 @@ Update observations, in this order:
    median of the samples before them are pressure. (FACTS.md: a new size's first step
    retraces a tf.function, seconds long; the median of >= 3 samples shrugs that outlier off.)
    The sample then joins the bounded history.
-2. High pressure: pressure > shrink_above_pressure, or psi_some_avg10 >= psi_some_avg10_threshold,
-   or a slow step. Calm: not high and pressure < grow_below_pressure. A reading in between resets
-   the calm streak; an observation with no reading (pressure None, not high) leaves it alone, so
-   with a rate-limited reader patience counts readings, not updates.
-3. Cooldown: when cooldown_left > 0 nothing changes this update and cooldown_left -= 1 (the
-   streak still counts), so after a change the next `cooldown_updates` updates keep the size.
-4. High pressure shrinks. Without a model: to ceil(current x max_shrink_factor). With one: to the
-   model's fit, but no lower than ceil(current x max_shrink_factor); when the fit is at or above
-   the current size there is no shrink: what the other users hold leaves room for this size, so
-   the reading is this training's own cached memory (TensorFlow's allocators and the process heap
-   keep freed memory, FACTS.md), which shrinking would not give back and halving blindly would
-   chase down to min_batch. Rounded down to a legal size unless that breaks the factor bound
-   (then up).
+2. High pressure: load > shrink_above_pressure, or the hard limit, or psi_some_avg10 >=
+   psi_some_avg10_threshold, or a slow step. Calm: not high and load < grow_below_pressure; for a
+   predicted load: not high and the model's fit > the current size (target_pressure plays
+   grow_below_pressure's part: a prediction has no cached memory to see through). A reading
+   that is not calm resets the calm streak, as does a calm one in an OOM cooldown; an
+   observation with no reading (load None, not high) leaves it alone, so with a rate-limited
+   reader patience counts readings, not updates.
+3. Cooldown: when cooldown_left > 0 nothing changes this update, except that the hard limit
+   still shrinks (the model predicts this size does not fit; the prediction follows the size at
+   once, unlike a reading); cooldown_left -= 1 either way. After a change the next
+   `cooldown_updates` updates keep the size.
+4. High pressure shrinks: to ceil(current x max_shrink_factor) (the factor bound); with a model
+   whose fit is below the current size, to the fit but no lower than the factor bound, or to the
+   fit itself at the hard limit. A high reading the model does not explain (fit >= current: PSI or
+   a slow step) still shrinks by the factor. Rounded down to a legal size unless that breaks the
+   factor bound (then up); at least one legal step, at least lower_batch.
 5. Else a calm streak >= grow_patience grows: to floor(current x max_grow_factor), no higher than
-   upper_batch nor (with a model) its fit, rounded down to a legal size. If the model's fit is at
-   or below the current size there is no growth and the streak keeps counting.
+   upper_batch nor (with a model) its fit, nor what the OOM threshold allows, rounded down to a
+   legal size. If nothing higher is allowed there is no growth and the streak keeps counting.
 Any change resets the calm streak and starts the cooldown (`cooldown_updates`).
 
-Model-predictive sizing. With config.fixed_bytes/per_sample_bytes and an observation carrying both
-limit_bytes and used_bytes (bytes in use under that limit by everything except this training's
-modelled memory), the model's fit is the largest b with
-    fixed_bytes + per_sample_bytes x b <= target_pressure x limit_bytes - used_bytes
-i.e. floor((target_pressure x limit_bytes - used_bytes - fixed_bytes) / per_sample_bytes), which may
-be <= 0 (an OOM then goes to lower_batch; a pressure shrink still stops at its factor bound).
+Model-predictive sizing. With config.fixed_bytes/per_sample_bytes applying to the observation's
+measure and a room reading, the model's fit is the largest b with
+    fixed_bytes + extra_bytes + per_sample_bytes x b <= target_pressure x limit_bytes - used_bytes
+i.e. floor((target_pressure x limit - used - fixed - extra) / per_sample_bytes), which may be <= 0
+(an OOM then goes to lower_batch; a pressure shrink below the hard limit stops at its factor bound).
 
 Effective batch. Fixed mode: effective = config.effective_batch, accumulation = ceil(E / micro),
 lr_scale = 1. Elastic mode (floor F = elastic_floor_batch, or none): effective = micro (no
@@ -88,6 +116,7 @@ __all__ = [
     "GovernorState",
     "Observation",
     "decision_for",
+    "footprint_bytes",
     "initial_state",
     "model_fit_batch",
     "split_micro_batches",
@@ -130,15 +159,25 @@ def decision_for(config: GovernorConfig, state: GovernorState) -> Decision:
     return _decision(config, state.micro_batch, "", changed=False)
 
 
-def model_fit_batch(config: GovernorConfig, limit_bytes: int | None, used_bytes: int | None) -> int | None:
+def model_fit_batch(
+    config: GovernorConfig, limit_bytes: int | None, used_bytes: int | None, measure: str | None = None
+) -> int | None:
     """Largest micro-batch the memory model fits under target_pressure x limit; None without a model.
 
-    May be <= 0 when even the fixed part does not fit.
+    None too when `measure` (the reading's) differs from config.model_measure: a line fitted to
+    process RSS says nothing about allocator bytes. May be <= 0 when even the fixed part does not fit.
     """
-    if not config.has_memory_model or limit_bytes is None or used_bytes is None:
+    if not _model_applies(config, measure) or limit_bytes is None or used_bytes is None:
         return None
-    room_bytes = config.target_pressure * limit_bytes - used_bytes - config.fixed_bytes
+    room_bytes = config.target_pressure * limit_bytes - used_bytes - config.fixed_bytes - config.extra_bytes
     return math.floor(room_bytes / config.per_sample_bytes)
+
+
+def footprint_bytes(config: GovernorConfig, micro_batch: int) -> float | None:
+    """The memory model's prediction for one micro-batch (fixed + extra + per-sample x b); None without one."""
+    if not config.has_memory_model:
+        return None
+    return config.fixed_bytes + config.extra_bytes + config.per_sample_bytes * micro_batch
 
 
 def step(config: GovernorConfig, state: GovernorState, observation: Observation) -> tuple[GovernorState, Decision]:
@@ -148,22 +187,36 @@ def step(config: GovernorConfig, state: GovernorState, observation: Observation)
     return _step_update(config, state, observation)
 
 
+def _model_applies(config: GovernorConfig, measure: str | None) -> bool:
+    if not config.has_memory_model:
+        return False
+    return config.model_measure is None or measure is None or measure == config.model_measure
+
+
 def _step_oom(config: GovernorConfig, state: GovernorState, obs: Observation) -> tuple[GovernorState, Decision]:
     current = state.micro_batch
-    failed = obs.micro_batch if obs.micro_batch is not None else current
-    target = math.floor(failed * config.oom_shrink_factor)
-    fit = model_fit_batch(config, obs.limit_bytes, obs.used_bytes)
+    piece = obs.micro_batch if obs.micro_batch is not None else current
+    if obs.running_micro_batch is not None:
+        running = max(obs.running_micro_batch, piece)
+    else:
+        # The loop splits every update at the current size, so a smaller failed piece is the
+        # update's remainder (32, 32, 32, 4): shrinking from it would collapse the micro-batch.
+        running = max(piece, current)
+    target = math.floor(running * config.oom_shrink_factor)
+    fit = model_fit_batch(config, obs.limit_bytes, obs.used_bytes, obs.measure)
     if fit is not None:
         target = min(target, fit)
     new = min(current, _clamp(config, legal_at_most(max(target, 0), config.multiple)))
     exhausted = False
     if new < current:
-        reason = f"oom: {current} -> {new}" + _model_note(fit)
-    elif failed <= current:
+        where = f" (a piece of {piece})" if piece < running else ""
+        reason = f"oom{where}: {current} -> {new}" + _model_note(fit)
+    elif running <= current:
         reason = f"oom at the smallest micro-batch {current}: cannot shrink"
         exhausted = True
     else:
         reason = ""  # a stale report from a size larger than the current one: nothing to do
+    threshold = running if state.threshold_batch is None else min(state.threshold_batch, running)
     new_state = replace(
         state,
         micro_batch=new,
@@ -171,6 +224,9 @@ def _step_oom(config: GovernorConfig, state: GovernorState, obs: Observation) ->
         cooldown_left=config.cooldown_updates,
         oom_count=state.oom_count + 1,
         last_reason=reason or state.last_reason,
+        threshold_batch=threshold,
+        threshold_calm_updates=0,
+        oom_cooldown=config.cooldown_updates > 0,
     )
     decision = _decision(config, new, reason, changed=new != current)
     return new_state, replace(decision, exhausted=exhausted)
@@ -179,38 +235,79 @@ def _step_oom(config: GovernorConfig, state: GovernorState, obs: Observation) ->
 def _step_update(config: GovernorConfig, state: GovernorState, obs: Observation) -> tuple[GovernorState, Decision]:
     current = state.micro_batch
     recent, slow_ratio = _record_step(config, state.recent_step_seconds, obs, current)
-    high_reason = _high_pressure_reason(config, obs, slow_ratio)
-    calm = high_reason is None and obs.pressure is not None and obs.pressure < config.grow_below_pressure
-    if calm:
+    load, hard, predicted = _load(config, obs, current)
+    high_reason = _high_pressure_reason(config, obs, load, hard, predicted, slow_ratio)
+    fit = model_fit_batch(config, obs.limit_bytes, obs.used_bytes, obs.measure)
+    if predicted:
+        calm = high_reason is None and fit > current
+    else:
+        calm = high_reason is None and load is not None and load < config.grow_below_pressure
+    in_cooldown = state.cooldown_left > 0
+    counts = calm and not (in_cooldown and state.oom_cooldown)  # an OOM's cooldown is no calm
+    if counts:
         streak = state.calm_streak + 1
-    elif high_reason is not None or obs.pressure is not None:
+    elif high_reason is not None or load is not None:
         streak = 0
     else:
-        streak = state.calm_streak
+        streak = state.calm_streak  # no reading: patience counts readings, not updates
+    threshold, threshold_calm = state.threshold_batch, state.threshold_calm_updates
+    if threshold is not None and counts:
+        threshold_calm += 1
+        if threshold_calm >= config.threshold_expiry_updates:
+            threshold, threshold_calm = _raised_threshold(config, threshold), 0
     new_state = replace(
         state,
         updates=state.updates + 1,
         recent_step_seconds=recent,
         calm_streak=streak,
         cooldown_left=max(0, state.cooldown_left - 1),
+        oom_cooldown=state.oom_cooldown and state.cooldown_left > 1,
+        threshold_batch=threshold,
+        threshold_calm_updates=threshold_calm,
     )
-    if state.cooldown_left > 0:
+    if in_cooldown and not hard:
         return new_state, _decision(config, current, "", changed=False)
 
-    fit = model_fit_batch(config, obs.limit_bytes, obs.used_bytes)
     new = current
     if high_reason is not None:
-        new = _shrink_target(config, current, fit)
+        new = _shrink_target(config, current, fit, hard)
         reason = f"{high_reason}: {current} -> {new}" + _model_note(fit)
     elif streak >= config.grow_patience:
-        new = _grow_target(config, current, fit)
+        new = _grow_target(config, current, fit, threshold)
         reason = f"calm {streak} updates < {config.grow_below_pressure:.2f}: {current} -> {new}" + _model_note(fit)
+        if threshold is not None:
+            reason += f" (oom threshold {threshold})"
     if new == current:
         return new_state, _decision(config, current, "", changed=False)
     new_state = replace(
-        new_state, micro_batch=new, calm_streak=0, cooldown_left=config.cooldown_updates, last_reason=reason
+        new_state, micro_batch=new, calm_streak=0, cooldown_left=config.cooldown_updates, oom_cooldown=False,
+        last_reason=reason,
     )
     return new_state, _decision(config, new, reason, changed=True)
+
+
+def _load(config: GovernorConfig, obs: Observation, current: int) -> tuple[float | None, bool, bool]:
+    """(the fraction compared with the thresholds, None without a reading; hard limit hit; by the model).
+
+    See "Load" in the module docstring.
+    """
+    room = obs.room_bytes
+    if room is None:
+        return obs.pressure, False, False
+    if _model_applies(config, obs.measure):
+        load = (obs.used_bytes + footprint_bytes(config, current)) / obs.limit_bytes
+        return load, load > config.hard_limit_fraction, True
+    return obs.used_bytes / obs.limit_bytes, False, False
+
+
+def _raised_threshold(config: GovernorConfig, threshold: int) -> int | None:
+    """An expired threshold, raised so that it becomes the safe point; None once above upper_batch.
+
+    Forgetting it at once would regrow by the factor past the old edge (at 40 under 64: 64, 48
+    and 41 fail in turn); raised, the old threshold is probed once, then growth goes on additively.
+    """
+    raised = max(math.ceil(threshold / config.threshold_safe_fraction), threshold + 1)
+    return None if raised > config.upper_batch else raised
 
 
 def _record_step(
@@ -233,10 +330,19 @@ def _record_step(
     return (recent + ((batch, obs.step_seconds),))[-config.slow_step_window :], ratio
 
 
-def _high_pressure_reason(config: GovernorConfig, obs: Observation, slow_ratio: float | None) -> str | None:
+def _high_pressure_reason(
+    config: GovernorConfig, obs: Observation, load: float | None, hard: bool, predicted: bool,
+    slow_ratio: float | None,
+) -> str | None:
     """Why this observation counts as pressure above the shrink threshold; None when it does not."""
-    if obs.pressure is not None and obs.pressure > config.shrink_above_pressure:
-        return f"pressure {obs.pressure:.2f} > {config.shrink_above_pressure:.2f}"
+    if load is not None and (hard or load > config.shrink_above_pressure):
+        if predicted:
+            if hard:
+                return f"predicted {load:.2f} > {config.hard_limit_fraction:.2f} (hard limit)"
+            return f"predicted {load:.2f} > {config.shrink_above_pressure:.2f}"
+        if obs.room_bytes is not None:
+            return f"others use {load:.2f} > {config.shrink_above_pressure:.2f}"
+        return f"pressure {load:.2f} > {config.shrink_above_pressure:.2f}"
     if obs.psi_some_avg10 is not None and obs.psi_some_avg10 >= config.psi_some_avg10_threshold:
         return f"psi some_avg10 {obs.psi_some_avg10:.1f}% >= {config.psi_some_avg10_threshold:.1f}%"
     if slow_ratio is not None and slow_ratio > config.slow_step_factor:
@@ -244,30 +350,41 @@ def _high_pressure_reason(config: GovernorConfig, obs: Observation, slow_ratio: 
     return None
 
 
-def _shrink_target(config: GovernorConfig, current: int, fit: int | None) -> int:
-    bound = math.ceil(current * config.max_shrink_factor)  # a pressure shrink goes no lower
-    if fit is not None and fit >= current:
-        # Others leave room for this size: the reading is our own cached memory (allocators keep
-        # what they freed, FACTS.md), which a smaller batch would not give back.
-        return current
-    wanted = bound if fit is None else max(bound, fit)
-    new = legal_at_most(wanted, config.multiple)
-    if new < bound:
+def _shrink_target(config: GovernorConfig, current: int, fit: int | None, hard: bool) -> int:
+    bound = math.ceil(current * config.max_shrink_factor)  # a pressure shrink goes no lower...
+    if fit is None or fit >= current:
+        wanted = bound  # no model, or a reason the model does not see (PSI, a slow step)
+    elif hard:
+        wanted = fit  # ...unless the model says the current size does not fit at all
+    else:
+        wanted = max(bound, fit)
+    new = legal_at_most(max(wanted, 0), config.multiple)
+    if new < bound and not hard:
         new = legal_at_least(bound, config.multiple)
     if new >= current:
         new = legal_below(current, config.multiple)
     return max(new, config.lower_batch) if new < current else current
 
 
-def _grow_target(config: GovernorConfig, current: int, fit: int | None) -> int:
+def _grow_target(config: GovernorConfig, current: int, fit: int | None, threshold: int | None) -> int:
     cap = min(math.floor(current * config.max_grow_factor), config.upper_batch)
     if fit is not None:
         cap = min(cap, fit)
+    step_up = legal_above(current, config.multiple)
+    if threshold is not None:
+        # TCP after a loss: multiplicative up to the safe point, then one legal step at a time,
+        # never back to the size that failed.
+        safe = math.floor(threshold * config.threshold_safe_fraction)
+        cap = min(cap, safe if current < safe else step_up, threshold - 1)
     new = legal_at_most(cap, config.multiple)
     if new <= current:
         # The factor rounds to no change (x1.5 from 1): take one legal step if it is allowed.
-        step_up = legal_above(current, config.multiple)
-        new = step_up if step_up <= config.upper_batch and (fit is None or step_up <= fit) else current
+        allowed = (
+            step_up <= config.upper_batch
+            and (fit is None or step_up <= fit)
+            and (threshold is None or step_up < threshold)
+        )
+        new = step_up if allowed else current
     return new
 
 

@@ -6,22 +6,29 @@ first call always reads), so the sensors cost little however fast the steps are;
 returns `Observation(pressure=None)`, which the policy treats as "no reading" (see policy.py).
 Merge in the step fields yourself: `dataclasses.replace(obs, step_seconds=..., micro_batch=...)`.
 
-Sources (each a zero-argument callable returning a sensor record or None; tests inject fakes):
-- "allocator": `edgebatch.sensors.read_allocator(device)` -> .current_bytes. Pressure =
-  current / budget_bytes (on a GPU without a budget: / the GPU's NVML total). The allocator holds
-  only this training's memory, so its `used_bytes` (not ours) is 0. Read between updates, current
-  is mostly the persistent part (weights, optimizer state): activations are already freed.
-- "gpu" (GPU devices only): `edgebatch.sensors.read_gpu_memory(nvml_index)`. Pressure = used /
-  total, all processes included; not ours = used - our allocator's peak bytes (TensorFlow's GPU
-  allocator keeps its pool at about the peak, so the peak estimates what NVML counts as ours).
-  TensorFlow reserves most of a GPU up front unless memory growth is on, which makes this read
-  ~1.0 always: enable memory growth (edgebatch.sensors.enable_memory_growth) or leave it out.
-- "host": `edgebatch.sensors.read_host_memory()`. Pressure = used_fraction (RAM and cgroup, the
-  worse); limit = limit_bytes; not ours = (limit - available_to_process) - process RSS. Its PSI
-  `some_avg10` is passed through as `psi_some_avg10`.
-The observation's pressure is the worst source's, and limit_bytes/used_bytes are that source's, so
-model-predictive sizing works against the limit that binds. A source that raises is warned about
-once (by name) and skipped: a sensor glitch should not end a training run.
+Sources (each a zero-argument callable returning a sensor record or None; tests inject fakes).
+Each reading has a measure: the byte count a memory model of this job would predict there.
+- "allocator": `edgebatch.sensors.read_allocator(device)` -> .current_bytes. Measure
+  "allocator_peak". Pressure = current / budget_bytes (on a GPU without a budget: / the GPU's
+  NVML total). The allocator holds only this training's memory, so others use 0 under it; own =
+  max(current, peak).
+- "gpu" (GPU devices only): `edgebatch.sensors.read_gpu_memory(nvml_index)`. Measure
+  "allocator_peak". Pressure = used / total, all processes included; others = used - our
+  allocator's peak bytes (TensorFlow's GPU allocator keeps its pool at about the peak, so the peak
+  estimates what NVML counts as ours). TensorFlow reserves most of a GPU up front unless memory
+  growth is on, which makes this read ~1.0 always: enable memory growth
+  (edgebatch.sensors.enable_memory_growth) or leave it out.
+- "host": `edgebatch.sensors.read_host_memory()`. Measure "process_peak". Pressure =
+  used_fraction (RAM and cgroup, the worse); limit = limit_bytes; others = (limit -
+  available_to_process) - process RSS; own = process RSS. Its PSI `some_avg10` is passed through
+  as `psi_some_avg10`.
+The observation's pressure is the worst source's (the whole device, for logs). Its room reading
+(limit_bytes, used_bytes = what others use, measure, own_bytes) is the one with the least room
+(limit - others) among the readings in the reader's `measure` (default: "process_peak" on CPU,
+"allocator_peak" on GPU, the probe's measure there, so a profile's memory model applies to it);
+without a reading in that measure, the worst source's. The policy decides on the room (policy.py),
+not on the whole-device fraction that this job's own cached pools keep high. A source that raises
+is warned about once (by name) and skipped: a sensor glitch should not end a training run.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from edgebatch.governor.records import Observation
+from edgebatch.governor.records import MEASURES, Observation
 
 __all__ = ["PressureReader", "SourceReading", "SOURCE_NAMES", "parse_device"]
 
@@ -57,12 +64,14 @@ def _is_integer_at_least(value: Any, minimum: int) -> bool:
 
 @dataclass(frozen=True)
 class SourceReading:
-    """One source's contribution: pressure (used/limit) and the bytes behind it."""
+    """One source's contribution: pressure (used/limit) and the bytes behind it, in `measure`."""
 
     name: str
     pressure: float
     limit_bytes: int | None
     used_bytes: int | None  # in use under limit_bytes by everything but this training
+    measure: str | None = None
+    own_bytes: int | None = None  # this training's bytes in that measure
 
 
 class PressureReader:
@@ -76,9 +85,14 @@ class PressureReader:
         min_interval_seconds: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
         sources: Mapping[str, Callable[[], Any]] | None = None,
+        measure: str | None = None,
     ) -> None:
         self.device_kind, self.device_index = parse_device(device)
         self.device = f"{self.device_kind}:{self.device_index}"
+        if measure is not None and measure not in MEASURES:
+            raise ValueError(f"measure must be one of {', '.join(MEASURES)} or None, got {measure!r}")
+        #: The measure whose room the observation reports (the memory model's, see the module doc).
+        self.measure = measure or ("process_peak" if self.device_kind == "CPU" else "allocator_peak")
         if budget_bytes is not None and not _is_integer_at_least(budget_bytes, 1):
             raise ValueError(f"budget_bytes must be a positive integer or None, got {budget_bytes!r}")
         if not _is_integer_at_least(every_n_updates, 1):
@@ -143,19 +157,26 @@ class PressureReader:
             if limit is None and gpu is not None and self.device_kind == "GPU":
                 limit = gpu.total_bytes
             if limit:
-                readings["allocator"] = SourceReading("allocator", allocator.current_bytes / limit, int(limit), 0)
+                own = max(int(allocator.current_bytes), int(allocator.peak_bytes))
+                readings["allocator"] = SourceReading(
+                    "allocator", allocator.current_bytes / limit, int(limit), 0, "allocator_peak", own
+                )
         if gpu is not None and gpu.total_bytes > 0:
             ours = 0
             if allocator is not None and self.device_kind == "GPU":
                 ours = max(allocator.current_bytes, allocator.peak_bytes)
             readings["gpu"] = SourceReading(
-                "gpu", gpu.used_bytes / gpu.total_bytes, int(gpu.total_bytes), max(0, int(gpu.used_bytes) - int(ours))
+                "gpu", gpu.used_bytes / gpu.total_bytes, int(gpu.total_bytes),
+                max(0, int(gpu.used_bytes) - int(ours)), "allocator_peak", int(ours),
             )
         if host is not None:
             limit = int(host.limit_bytes)
             used = limit - int(host.available_to_process_bytes)
-            not_ours = max(0, used - int(host.process_rss_bytes))
-            readings["host"] = SourceReading("host", float(host.used_fraction), limit if limit > 0 else None, not_ours)
+            rss = int(host.process_rss_bytes)
+            not_ours = max(0, used - rss)
+            readings["host"] = SourceReading(
+                "host", float(host.used_fraction), limit if limit > 0 else None, not_ours, "process_peak", rss
+            )
             psi = getattr(host, "psi", None)
             if psi is not None and psi.some_avg10 is not None:
                 psi_some_avg10 = float(psi.some_avg10)
@@ -163,10 +184,18 @@ class PressureReader:
         if not readings:
             return Observation(pressure=None, psi_some_avg10=psi_some_avg10)
         worst = max(readings.values(), key=lambda reading: reading.pressure)
+        with_room = [r for r in readings.values() if r.limit_bytes is not None and r.used_bytes is not None]
+        matching = [r for r in with_room if r.measure == self.measure]
+        if matching:
+            binding = min(matching, key=lambda reading: reading.limit_bytes - reading.used_bytes)
+        else:
+            binding = worst if worst in with_room else None
         return Observation(
             pressure=max(0.0, worst.pressure),
-            limit_bytes=worst.limit_bytes,
-            used_bytes=worst.used_bytes if worst.limit_bytes is not None else None,
+            limit_bytes=None if binding is None else binding.limit_bytes,
+            used_bytes=None if binding is None else binding.used_bytes,
+            measure=None if binding is None else binding.measure,
+            own_bytes=None if binding is None else binding.own_bytes,
             psi_some_avg10=psi_some_avg10,
         )
 

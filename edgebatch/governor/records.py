@@ -21,12 +21,17 @@ __all__ = [
     "GovernorConfigError",
     "GovernorState",
     "LR_SCALINGS",
+    "MEASURES",
     "MODES",
     "Observation",
 ]
 
 MODES = ("fixed", "elastic")
 LR_SCALINGS = ("none", "linear", "sqrt")
+# What a byte count measures: the process's peak RSS (the probe's measure on CPU) or TensorFlow's
+# allocator peak (on GPU). A memory model predicts one of them and is only comparable with a room
+# read in the same measure.
+MEASURES = ("process_peak", "allocator_peak")
 
 
 class GovernorConfigError(UsageError, ValueError):
@@ -101,6 +106,11 @@ class GovernorConfig:
     target_pressure: float = 0.80
     multiple: int = 1
     psi_some_avg10_threshold: float = 10.0
+    model_measure: str | None = None  # what fixed/per_sample_bytes predict; None: any reading
+    extra_bytes: float = 0.0  # memory the model leaves out (fit's accumulators, read-ahead)
+    hard_limit_fraction: float = 0.97  # predicted footprint above this share of the room: shrink now
+    threshold_safe_fraction: float = 0.75  # below this share of an OOM threshold, grow multiplicatively
+    threshold_expiry_updates: int = 500  # calm updates after which an OOM threshold is forgotten
 
     def __post_init__(self) -> None:
         err = GovernorConfigError
@@ -149,6 +159,18 @@ class GovernorConfig:
                 f"got {self.target_pressure!r}"
             )
         _real(self, "psi_some_avg10_threshold", err, low=0.0, high=100.0, low_open=True)
+        if self.model_measure is not None and self.model_measure not in MEASURES:
+            raise err(f"model_measure must be one of {', '.join(MEASURES)} or None, got {self.model_measure!r}")
+        _real(self, "extra_bytes", err, low=0.0)
+        # At or below the target a growth to the model's fit would be shrunk straight back.
+        _real(self, "hard_limit_fraction", err, low=self.target_pressure, high=1.0, low_open=True)
+        _real(self, "threshold_safe_fraction", err, low=0.0, high=1.0, low_open=True, high_open=True)
+        _integer(self, "threshold_expiry_updates", 1, err)
+        if not self.has_memory_model and (self.model_measure is not None or self.extra_bytes > 0):
+            raise err(
+                "model_measure and extra_bytes need a memory model (fixed_bytes, per_sample_bytes), got "
+                f"model_measure={self.model_measure!r}, extra_bytes={self.extra_bytes!r}"
+            )
         if self.lower_batch > self.upper_batch:
             raise err(
                 f"no micro-batch size is possible: min_batch {self.min_batch} (a multiple of {self.multiple} "
@@ -179,10 +201,15 @@ class GovernorConfig:
 class Observation:
     """What the training loop saw since the last observation. All fields optional except pressure.
 
-    `pressure`: the worst used/limit fraction among the memory sensors, None when not read this
-    time (rate-limited). `oom`: a micro-batch of size `micro_batch` raised ResourceExhaustedError.
-    `used_bytes`: bytes in use under `limit_bytes` by everything except this training's modelled
-    memory (fixed + per-sample part); `PressureReader` reports it so.
+    `pressure`: the worst used/limit fraction of the whole device among the memory sensors, None
+    when not read this time (rate-limited); the policy decides on it only when there is no room
+    reading. A room reading is `limit_bytes` with `used_bytes`: the bytes in use under that limit
+    by everything except this training (others), in `measure` ("process_peak": RSS against host
+    or cgroup memory; "allocator_peak": TensorFlow's allocator against a GPU), so the room this job
+    has is limit - used; `PressureReader` reports it so. `own_bytes`: this job's memory in that
+    measure (logs only: pools keep it high whatever the micro-batch needs). `oom`: a micro-batch of
+    `micro_batch` examples raised ResourceExhaustedError (or the process died of it) while the
+    loop was splitting updates into pieces of `running_micro_batch` (None: see policy.py).
     """
 
     pressure: float | None
@@ -192,6 +219,9 @@ class Observation:
     limit_bytes: int | None = None
     used_bytes: int | None = None
     psi_some_avg10: float | None = None
+    measure: str | None = None
+    own_bytes: int | None = None
+    running_micro_batch: int | None = None
 
     def __post_init__(self) -> None:
         _real(self, "pressure", ValueError, low=0.0, optional=True)
@@ -202,6 +232,17 @@ class Observation:
         _integer(self, "limit_bytes", 1, ValueError, optional=True)
         _integer(self, "used_bytes", 0, ValueError, optional=True)
         _real(self, "psi_some_avg10", ValueError, low=0.0, optional=True)
+        if self.measure is not None and self.measure not in MEASURES:
+            raise ValueError(f"measure must be one of {', '.join(MEASURES)} or None, got {self.measure!r}")
+        _integer(self, "own_bytes", 0, ValueError, optional=True)
+        _integer(self, "running_micro_batch", 1, ValueError, optional=True)
+
+    @property
+    def room_bytes(self) -> int | None:
+        """What others leave this job under the limit (limit - used), None without a room reading."""
+        if self.limit_bytes is None or self.used_bytes is None:
+            return None
+        return self.limit_bytes - self.used_bytes
 
 
 @dataclass(frozen=True)
@@ -218,6 +259,8 @@ class Decision:
 
 
 _STATE_INTS = ("micro_batch", "calm_streak", "cooldown_left", "updates", "oom_count")
+# Added after the first release: a state dict without them (an older checkpoint) loads with these.
+_STATE_DEFAULTS = {"threshold_batch": None, "threshold_calm_updates": 0, "oom_cooldown": False}
 
 
 @dataclass(frozen=True)
@@ -225,6 +268,9 @@ class GovernorState:
     """Everything the governor remembers between observations; JSON-able through to_dict/from_dict.
 
     `recent_step_seconds`: the last `slow_step_window` (micro_batch, seconds) pairs, oldest first.
+    `threshold_batch`: the smallest micro-batch that ran out of memory since the threshold was last
+    forgotten (TCP's ssthresh), None when there is none; `threshold_calm_updates` counts the calm
+    updates towards forgetting it; `oom_cooldown`: the cooldown running was started by an OOM.
     """
 
     micro_batch: int
@@ -234,6 +280,9 @@ class GovernorState:
     recent_step_seconds: tuple[tuple[int, float], ...]
     oom_count: int
     last_reason: str
+    threshold_batch: int | None = None
+    threshold_calm_updates: int = 0
+    oom_cooldown: bool = False
 
     def to_dict(self) -> dict:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -245,17 +294,27 @@ class GovernorState:
         """Rebuild a state from `to_dict` output; ValueError naming the key on anything malformed."""
         if not isinstance(d, dict):
             raise ValueError(f"governor state must be a dict, got {d!r}")
-        missing = [f.name for f in fields(cls) if f.name not in d]
+        missing = [f.name for f in fields(cls) if f.name not in d and f.name not in _STATE_DEFAULTS]
         if missing:
             raise ValueError(f"governor state lacks {', '.join(missing)}: got keys {sorted(d)!r}")
+        d = {**_STATE_DEFAULTS, **d}
         values: dict[str, Any] = {}
-        for name in _STATE_INTS:
+        for name in _STATE_INTS + ("threshold_calm_updates",):
             value = d[name]
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"governor state {name} must be an integer >= 0, got {value!r}")
             values[name] = int(value)
         if values["micro_batch"] < 1:
             raise ValueError(f"governor state micro_batch must be >= 1, got {d['micro_batch']!r}")
+        threshold = d["threshold_batch"]
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral) or threshold < 1
+        ):
+            raise ValueError(f"governor state threshold_batch must be an integer >= 1 or null, got {threshold!r}")
+        values["threshold_batch"] = None if threshold is None else int(threshold)
+        if not isinstance(d["oom_cooldown"], bool):
+            raise ValueError(f"governor state oom_cooldown must be a bool, got {d['oom_cooldown']!r}")
+        values["oom_cooldown"] = d["oom_cooldown"]
         if not isinstance(d["last_reason"], str):
             raise ValueError(f"governor state last_reason must be a string, got {d['last_reason']!r}")
         recent = d["recent_step_seconds"]
