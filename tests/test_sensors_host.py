@@ -18,6 +18,7 @@ from edgebatch.sensors import (
     parse_psi,
     process_peak_rss_bytes,
     process_rss_bytes,
+    process_swap_bytes,
     process_virtual_bytes,
     read_cgroup_memory,
     read_host_memory,
@@ -395,6 +396,25 @@ def test_status_without_the_field_raises_naming_it(tmp_path):
         process_peak_rss_bytes(tmp_path)
     with pytest.raises(OSError):
         process_rss_bytes(tmp_path / "nowhere")
+
+
+def test_swap_of_a_process_from_fake_proc(tmp_path):
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "status").write_text(STATUS_TEXT + "VmSwap:\t   20480 kB\n")
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "status").write_text(STATUS_TEXT)
+    assert process_swap_bytes(tmp_path, pid=4242) == 20480 * 1024
+    # A kernel without the VmSwap line, or a process that is gone: unknown, not an error.
+    assert process_swap_bytes(tmp_path) is None
+    assert process_swap_bytes(tmp_path, pid=4343) is None
+
+
+def test_real_swap_reads_where_the_kernel_reports_it():
+    status = Path("/proc/self/status")
+    if not status.exists() or "VmSwap:" not in status.read_text():
+        pytest.skip("no /proc/self/status with a VmSwap line here")
+    swap_bytes = process_swap_bytes(pid=os.getpid())
+    assert swap_bytes is not None and swap_bytes >= 0
 
 
 def test_reset_peak_writes_5_to_clear_refs(tmp_path):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from edgebatch.errors import UsageError
 from edgebatch.sensors import (
     process_peak_rss_bytes,
+    process_swap_bytes,
     read_allocator,
     reset_allocator_peak,
     reset_process_peak_rss,
@@ -52,11 +53,52 @@ class TargetSpec:
     from_logits: bool
 
 
-def is_oom_error(error: BaseException) -> bool:
-    """A real out-of-memory: TensorFlow's ResourceExhaustedError or Python's MemoryError."""
-    import tensorflow as tf
+# Allocation failures that TensorFlow's GPU kernels report as InternalError, not as
+# ResourceExhaustedError: cuBLAS/cuDNN handles and workspaces are allocated by the libraries
+# themselves ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "failed to allocate
+# memory"), and a host-to-device copy whose destination could not be allocated says "Dst tensor is
+# not initialized". Matched case-insensitively.
+ALLOCATION_FAILURE_MARKERS = (
+    "alloc_failed",
+    "failed to allocate",
+    "out of memory",
+    "cuda_error_out_of_memory",
+    "dst tensor is not initialized",
+)
 
-    return isinstance(error, (tf.errors.ResourceExhaustedError, MemoryError))
+
+def is_oom(error_class_names: list[str] | tuple[str, ...], message: str) -> bool:
+    """Whether an error that a training step raised means "this batch does not fit".
+
+    `error_class_names` are the names in the error's class hierarchy (type(error).__mro__), so that
+    this decision needs no TensorFlow. ResourceExhaustedError and MemoryError always count; an
+    InternalError counts when its message names an allocation failure; nothing else does (a
+    different InternalError is a bug or a broken device, and stops the probe).
+    """
+    names = set(error_class_names)
+    if names & {"ResourceExhaustedError", "MemoryError"}:
+        return True
+    if "InternalError" in names:
+        lowered = message.lower()
+        return any(marker in lowered for marker in ALLOCATION_FAILURE_MARKERS)
+    return False
+
+
+def is_oom_error(error: BaseException) -> bool:
+    """A real out-of-memory raised by a training step (see is_oom)."""
+    return is_oom([cls.__name__ for cls in type(error).__mro__], str(error))
+
+
+def swap_grew(swap_before_bytes: int | None, swap_after_bytes: int | None) -> bool:
+    """Whether a process's swap use rose between two VmSwap readings (None: unknown, not grown).
+
+    The kernel swaps a process's pages out only when RAM runs short, so any rise during a trial
+    means the trial did not fit in the RAM there was; and VmHWM counts resident pages only, so a
+    swapping trial's peak reads low (it would pass as "fits").
+    """
+    return swap_before_bytes is not None and swap_after_bytes is not None and swap_after_bytes > swap_before_bytes
+
+
 
 
 class TrialRunner:
@@ -146,6 +188,8 @@ class TrialRunner:
         reset_process_peak_rss()
         reset_allocator_peak(self.device)
         track_resident = self.device.upper().startswith("CPU")
+        swap_before = process_swap_bytes() if track_resident else None
+        swap_most = swap_before
         try:
             with tf.device(self.device):
                 x, y = self.make_batch(batch)
@@ -154,6 +198,8 @@ class TrialRunner:
                 warmup_seconds = time.perf_counter() - started
                 timings = [warmup_seconds] if warmup_seconds >= trial_seconds else []
                 peaks = [process_peak_rss_bytes()] if track_resident else []
+                if track_resident:
+                    swap_most = _larger(swap_most, process_swap_bytes())
                 while not timings or (
                     sum(timings) < trial_seconds
                     and (len(timings) < steps or (track_resident and not resident_peak_settled(peaks)))
@@ -164,10 +210,20 @@ class TrialRunner:
                     timings.append(time.perf_counter() - started)
                     if track_resident:
                         peaks.append(process_peak_rss_bytes())
+                        # Read each step: pages swapped out and back in within the trial would
+                        # leave no trace in a reading taken only at its end.
+                        swap_most = _larger(swap_most, process_swap_bytes())
         except Exception as error:  # noqa: BLE001 - OOMs are outcomes; the caller re-raises others
             if is_oom_error(error):
-                return {"batch": batch, "ok": False, "error": "oom", "detail": str(error).splitlines()[0][:300]}
+                return {"batch": batch, "ok": False, "error": "oom", "detail": (str(error).splitlines() or [type(error).__name__])[0][:300]}
             raise
+        if swap_grew(swap_before, swap_most):
+            return {
+                "batch": batch,
+                "ok": False,
+                "error": "swapped",
+                "detail": f"swap use grew from {swap_before} to {swap_most} bytes: the trial did not fit in RAM",
+            }
         allocator = read_allocator(self.device)
         step_seconds = statistics.median(timings)
         return {
@@ -192,6 +248,10 @@ class TrialRunner:
             "parameters": int(sum(int(_size(v.shape)) for v in self.model.trainable_variables)),
             "keras_flavor": self.flavor,
         }
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _size(shape) -> int:

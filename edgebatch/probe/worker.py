@@ -22,20 +22,53 @@ answers each with one line prefixed by `@@edgebatch ` (TensorFlow and user code 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import select
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from edgebatch.errors import ProbeError, UsageError
+from edgebatch.probe.trial import swap_grew
 
 PREFIX = "@@edgebatch "
 
+# How long the parent waits for a worker's "ready": a TensorFlow import, the model build, the
+# trace and the prewarm take 10-30 s on the 2-core build machines (8-20 s of it the import); a
+# small ARM board can take minutes. Generous on purpose: this catches a hang, not a slow start.
+STARTUP_DEADLINE_SECONDS = 600.0
+# How long the parent waits for one trial's reply (see trial_deadline_seconds).
+TRIAL_DEADLINE_FLOOR_SECONDS = 120.0
+TRIAL_DEADLINE_PER_TRIAL_SECONDS = 20
+TRIAL_DEADLINE_PER_STEP = 10
 
-@dataclass(frozen=True)
+# The worker learns its parent's pid from here, to notice a parent that died before the worker
+# could ask to die with it (see _die_with_parent).
+PARENT_PID_ENV = "EDGEBATCH_PROBE_PARENT_PID"
+
+
+def trial_deadline_seconds(trial_seconds: float, expected_step_seconds: float | None = None) -> float:
+    """How long a trial may go without a reply before the parent takes its worker for hung.
+
+    A trial runs a warm-up step, then steps until `trial_seconds` have passed (the last one may run
+    over), so it lasts about trial_seconds + 2 steps. The deadline is at least 120 s and 20 x
+    trial_seconds, and 10 steps more than trial_seconds when the step time can be foreseen
+    (from the worker's earlier steps): a slow device gets the time its steps need, a hang does not
+    hold the probe for ever.
+    """
+    deadline = max(TRIAL_DEADLINE_FLOOR_SECONDS, TRIAL_DEADLINE_PER_TRIAL_SECONDS * trial_seconds)
+    if expected_step_seconds is not None and expected_step_seconds > 0:
+        deadline = max(deadline, trial_seconds + TRIAL_DEADLINE_PER_STEP * expected_step_seconds)
+    return deadline
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerSetup:
     model_spec: str
     precision: str = "float32"
@@ -48,6 +81,48 @@ class WorkerSetup:
     # Cap the worker's address space at (its size after setup + this many bytes), so that an
     # over-budget allocation fails as a clean ResourceExhaustedError (FACTS.md: RLIMIT_AS).
     address_space_headroom_bytes: int | None = None
+    # Reply deadlines (parent side): the start-up's, and a trial's (None: trial_deadline_seconds).
+    startup_deadline_seconds: float = STARTUP_DEADLINE_SECONDS
+    trial_deadline_seconds: float | None = None
+
+
+class _ReplyTimeout(Exception):
+    """No protocol line came before the deadline."""
+
+
+class _LineReader:
+    """Lines from the worker's stdout, read straight from the pipe so that a deadline can apply.
+
+    (Iterating `process.stdout` blocks without limit; select() on its descriptor would miss lines
+    already sitting in the file object's buffer, so this keeps its own.)
+    """
+
+    def __init__(self, stream):
+        self.fd = stream.fileno()
+        self.buffer = b""
+        self.at_end = False
+
+    def next_line(self, deadline_monotonic: float) -> bytes | None:
+        """The next line (with its newline, or the unterminated rest at the end); None at the end."""
+        while True:
+            newline = self.buffer.find(b"\n")
+            if newline >= 0:
+                line, self.buffer = self.buffer[: newline + 1], self.buffer[newline + 1 :]
+                return line
+            if self.at_end:
+                line, self.buffer = self.buffer, b""
+                return line or None
+            remaining = deadline_monotonic - time.monotonic()
+            if remaining <= 0:
+                raise _ReplyTimeout()
+            readable, _, _ = select.select([self.fd], [], [], remaining)
+            if not readable:
+                raise _ReplyTimeout()
+            chunk = os.read(self.fd, 65536)
+            if chunk:
+                self.buffer += chunk
+            else:
+                self.at_end = True
 
 
 @dataclass
@@ -61,29 +136,74 @@ class Worker:
     largest_batch: int = 0
     healthy: bool = True
     trials_run: int = 0
+    # Step seconds per sample at the largest batch seen (prewarm or trial): foresees the next
+    # trial's step time for its deadline. Small batches overstate it, which only lengthens it.
+    step_seconds_per_sample: float | None = None
+    reader: _LineReader | None = None
+
+    def __post_init__(self) -> None:
+        if self.reader is None:
+            self.reader = _LineReader(self.process.stdout)
 
     def can_run(self, batch: int) -> bool:
         """Whether this worker's reading at `batch` would be right (see the module docstring)."""
         return self.healthy and self.process.poll() is None and batch > self.largest_batch
 
     def run_trial(self, batch: int) -> dict:
+        """One trial's reply; a failed trial when the worker died; ProbeError when it hung or garbled."""
         self.largest_batch = max(self.largest_batch, batch)
         self.trials_run += 1
-        reply = self._request({"batch": batch})
+        swap_before = _process_swap_bytes(self.process.pid)
+        try:
+            reply = self._request({"batch": batch}, self.trial_deadline(batch))
+        except _ReplyTimeout:
+            self.healthy = False
+            return self._hung_trial(batch, swap_before)
         if reply is None:
             self.healthy = False
             return {"batch": batch, "ok": False, "error": "worker_killed", "detail": self._death_reason()}
         if not reply.get("ok"):
             self.healthy = False  # memory held after an OOM would distort every later reading
+        elif reply.get("step_seconds"):
+            self.step_seconds_per_sample = reply["step_seconds"] / batch
         return reply
 
-    def _request(self, message: dict) -> dict | None:
+    def trial_deadline(self, batch: int) -> float:
+        if self.setup.trial_deadline_seconds is not None:
+            return self.setup.trial_deadline_seconds
+        expected = None if self.step_seconds_per_sample is None else self.step_seconds_per_sample * batch
+        return trial_deadline_seconds(self.setup.trial_seconds, expected)
+
+    def _hung_trial(self, batch: int, swap_before: int | None) -> dict:
+        """A trial that outran its deadline: a failed trial if it was swapping, else a ProbeError.
+
+        A batch too big for RAM can thrash in swap for ever, and that is an answer ("does not
+        fit"). Anything else that hangs (a deadlock, a stuck device) says nothing about memory:
+        recorded as a failure it would put the ceiling below a batch that fits, so it stops the probe.
+        """
+        deadline = self.trial_deadline(batch)
+        swap_after = _process_swap_bytes(self.process.pid)
+        _kill(self.process)
+        if swap_grew(swap_before, swap_after):
+            return {
+                "batch": batch,
+                "ok": False,
+                "error": "swapped",
+                "detail": f"no reply within {deadline:.0f} s while its swap grew from {swap_before} to {swap_after} bytes",
+            }
+        tail = self._stderr_tail()
+        raise ProbeError(
+            f"probe worker gave no reply within {deadline:.0f} s at batch {batch} and was stopped "
+            f"(hung, not out of memory: its swap did not grow){': ' + tail if tail else ''}"
+        )
+
+    def _request(self, message: dict, deadline_seconds: float) -> dict | None:
         try:
-            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.write((json.dumps(message) + "\n").encode())
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             return None
-        return read_reply(self.process, self._stderr_tail)
+        return read_reply(self.reader, time.monotonic() + deadline_seconds)
 
     def _stderr_tail(self) -> str:
         self.stderr_file.flush()
@@ -108,54 +228,115 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
         self.stderr_file.close()
 
 
-def read_reply(process: subprocess.Popen, stderr_tail) -> dict | None:
-    """The next protocol line from the worker; None when it died; ProbeError/UsageError on a fatal error."""
-    for line in process.stdout:
-        if not line.startswith(PREFIX):
+def _process_swap_bytes(pid: int) -> int | None:
+    from edgebatch.sensors import process_swap_bytes
+
+    return process_swap_bytes(pid=pid)
+
+
+def parse_reply(line: bytes) -> dict | None:
+    """A worker's output line as a protocol message: None for other output (TensorFlow's, the user's).
+
+    A protocol line that is cut short or garbled is a ProbeError with one line of explanation.
+    """
+    text = line.decode("utf-8", "replace")
+    if not text.startswith(PREFIX):
+        return None
+    body = text[len(PREFIX) :].rstrip("\n")
+    try:
+        reply = json.loads(body)
+    except json.JSONDecodeError as error:
+        shown = body if len(body) <= 120 else body[:120] + "..."
+        raise ProbeError(f"probe worker sent an unreadable reply ({error.msg} at character {error.pos}): {shown!r}") from None
+    if not isinstance(reply, dict):
+        raise ProbeError(f"probe worker sent a reply that is not a JSON object: {body[:120]!r}")
+    return reply
+
+
+def read_reply(reader: _LineReader, deadline_monotonic: float) -> dict | None:
+    """The next protocol message from the worker; None when it died.
+
+    Raises ProbeError/UsageError on a fatal error it reports or a garbled reply, and _ReplyTimeout
+    when no message came before `deadline_monotonic` (time.monotonic()).
+    """
+    while True:
+        line = reader.next_line(deadline_monotonic)
+        if line is None:
+            return None
+        reply = parse_reply(line)
+        if reply is None:
             continue
-        reply = json.loads(line[len(PREFIX) :])
         if "fatal" in reply:
             error_class = UsageError if reply.get("usage") else ProbeError
             raise error_class(reply["fatal"])
         return reply
-    return None
 
 
-def start_worker(setup: WorkerSetup) -> Worker:
-    """Start a worker, send the setup, wait until the model is built and the step traced."""
+def spawn_worker(setup: WorkerSetup, command: list[str] | None = None) -> Worker:
+    """Start a worker process and send it the setup; do not wait for it (see start_worker).
+
+    `command` runs the worker side (default: this module); tests pass a stand-in.
+    """
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env[PARENT_PID_ENV] = str(os.getpid())
     if setup.device.upper().startswith("CPU"):
         # A CPU probe must not touch (or reserve memory on) a GPU that happens to be present.
         env["CUDA_VISIBLE_DEVICES"] = "-1"
     stderr_file = tempfile.TemporaryFile(mode="w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "edgebatch.probe.worker"],
+        command or [sys.executable, "-m", "edgebatch.probe.worker"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=stderr_file,
-        text=True,
         env=env,
         start_new_session=True,  # Ctrl-C reaches the parent only; the parent stops the workers
     )
     worker = Worker(setup, process, stderr_file)
     try:
-        process.stdin.write(json.dumps(setup.__dict__) + "\n")
+        process.stdin.write((json.dumps(setup.__dict__) + "\n").encode())
         process.stdin.flush()
-        ready = read_reply(process, worker._stderr_tail)
+    except (BrokenPipeError, OSError):
+        pass  # it died at once: start_worker reads its last words
+    return worker
+
+
+def start_worker(setup: WorkerSetup, command: list[str] | None = None) -> Worker:
+    """Start a worker, send the setup, wait until the model is built and the step traced."""
+    worker = spawn_worker(setup, command)
+    process = worker.process
+    try:
+        ready = read_reply(worker.reader, time.monotonic() + setup.startup_deadline_seconds)
+    except _ReplyTimeout:
+        _kill(process)
+        tail = worker._stderr_tail()
+        worker.close()
+        raise ProbeError(
+            f"probe worker was not ready within {setup.startup_deadline_seconds:.0f} s (building "
+            f"{setup.model_spec!r}) and was stopped{': ' + tail if tail else ''}"
+        ) from None
     except BaseException:
-        worker.close() if process.poll() is not None else _kill(process)
+        if process.poll() is None:
+            _kill(process)
+        worker.close()
         raise
     if ready is None:
         reason = worker._death_reason()
         tail = worker._stderr_tail()
-        stderr_file.close()
+        worker.close()
         raise ProbeError(f"probe worker failed to start ({reason}): {tail or 'no output'}")
     worker.facts = ready
     worker.largest_batch = setup.prewarm_batch or 0
+    if ready.get("prewarm_step_seconds") and setup.prewarm_batch:
+        worker.step_seconds_per_sample = ready["prewarm_step_seconds"] / setup.prewarm_batch
     return worker
 
 
@@ -194,9 +375,89 @@ def _volunteer_for_the_oom_killer() -> None:
         pass
 
 
+# prctl(2) option: the signal the kernel sends this process when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Have the kernel SIGKILL this worker when the probe that started it dies; leave if it already has.
+
+    The worker runs in its own session (Ctrl-C goes to the parent only), so a killed probe would
+    otherwise leave it running a trial, holding gigabytes, until it next reads its stdin. SIGKILL,
+    because a worker inside a TensorFlow kernel does not run Python signal handlers. Linux only
+    (elsewhere the worker still ends at its next read of the closed stdin). The kernel sends the
+    signal when the parent *thread* that started the worker ends, so the probe keeps its workers
+    in the thread that runs it. The parent may have died before this call: then the parent pid
+    differs from the one it passed down, and the worker leaves at once.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    expected = os.environ.get(PARENT_PID_ENV, "")
+    if expected.isdigit() and os.getppid() != int(expected):
+        os._exit(1)
+
+
+def _gpu_ordinal(device: str) -> int | None:
+    kind, _, index = device.upper().partition(":")
+    return int(index) if kind == "GPU" and index.isdigit() else None
+
+
+def _gpu_details(tf, ordinal: int) -> dict:
+    """TensorFlow's name and compute capability of GPU:ordinal: the device facts where NVML has none."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if ordinal >= len(gpus):
+        found = ", ".join(f"GPU:{i}" for i in range(len(gpus))) or "none"
+        # tf.device() would quietly place the steps on the CPU (soft placement) and the probe would
+        # measure the wrong device.
+        raise UsageError(f"TensorFlow has no GPU:{ordinal} (GPUs it sees: {found}); use --device CPU:0")
+    try:
+        details = tf.config.experimental.get_device_details(gpus[ordinal])
+    except (ValueError, RuntimeError):
+        details = {}
+    capability = details.get("compute_capability")
+    return {
+        "device_name": details.get("device_name"),
+        "compute_capability": ".".join(str(part) for part in capability) if capability else None,
+    }
+
+
+def measure_of(device: str, baseline_device_bytes: int | None) -> str:
+    """What a trial's peak is read from, so that it counts what the budget counts.
+
+    CPU: the worker's resident peak (the budget is RAM). GPU: the worker's footprint on the device
+    through NVML (CUDA context, cuDNN/cuBLAS workspaces and the allocator's reservation), because
+    the default budget is NVML's free memory, and the allocator's peak alone leaves the context
+    and workspaces out. Without NVML (Jetson, ROCm: only with an explicit budget) the allocator's
+    peak, the one figure left, and the profile's `measure` says so.
+    """
+    if _gpu_ordinal(device) is None:
+        return "process_peak"
+    return "device_used" if baseline_device_bytes is not None else "allocator_peak"
+
+
+# Reply fields that hold each measure, in trial replies and in the "ready" reply before any trial.
+MEASURE_FIELDS = {"process_peak": "process_peak_bytes", "allocator_peak": "allocator_peak_bytes", "device_used": "device_used_bytes"}
+BASELINE_FIELDS = {
+    "process_peak": "baseline_process_bytes",
+    "allocator_peak": "baseline_allocator_bytes",
+    "device_used": "baseline_device_bytes",
+}
+
+
 def worker_main() -> int:
+    _die_with_parent()
     setup = WorkerSetup(**json.loads(sys.stdin.readline()))
     _volunteer_for_the_oom_killer()
+    ordinal = _gpu_ordinal(setup.device)
+    meter = None
+    if ordinal is not None:
+        from edgebatch.sensors import GpuProcessMeter
+
+        # Before TensorFlow touches the GPU: the fallback measure is the device's use over this.
+        meter = GpuProcessMeter.start(ordinal, os.getpid(), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
     try:
         import tensorflow as tf
 
@@ -204,15 +465,18 @@ def worker_main() -> int:
         from edgebatch.sensors import enable_memory_growth
         from edgebatch.zoo import build_model, parse_model_spec
 
-        if setup.device.upper().startswith("GPU"):
+        gpu_details = {}
+        if ordinal is not None:
             enable_memory_growth()
+            gpu_details = _gpu_details(tf, ordinal)
         with tf.device(setup.device):
             model = build_model(parse_model_spec(setup.model_spec), setup.precision)
         runner = TrialRunner(model, optimizer=setup.optimizer, device=setup.device)
         # Trace now, at batch 1, so that no trial pays for tracing (the signature has batch None).
         runner.run_steps(1, 1)
+        prewarm_seconds = []
         if setup.prewarm_batch:
-            runner.run_steps(setup.prewarm_batch, setup.prewarm_steps)
+            prewarm_seconds = runner.run_steps(setup.prewarm_batch, setup.prewarm_steps)
         # The cap comes after the prewarm. Capped first, the prewarm's small steps left address
         # space that later big batches could not use: dense_wide under a 300 MiB cap aborted with
         # std::bad_alloc at batch 110 in 3 runs of 6, at 66-122 in probes, while a fresh process
@@ -224,13 +488,19 @@ def worker_main() -> int:
         from edgebatch.sensors import process_rss_bytes, read_allocator
 
         allocator = read_allocator(setup.device)
+        baseline_device = meter.footprint_bytes() if meter else None
         _send(
             {
                 "ready": True,
                 "tensorflow": tf.__version__,
+                "measure": measure_of(setup.device, baseline_device),
                 # Memory before any trial batch: what one-shot estimators (tools/bench) start from.
                 "baseline_process_bytes": process_rss_bytes(),
                 "baseline_allocator_bytes": allocator.current_bytes if allocator else None,
+                "baseline_device_bytes": baseline_device,
+                # For the next trial's reply deadline: small-batch steps, so an overestimate.
+                "prewarm_step_seconds": statistics.median(prewarm_seconds) if prewarm_seconds else None,
+                "gpu": gpu_details or None,
                 **runner.model_facts(),
             }
         )
@@ -248,6 +518,10 @@ def worker_main() -> int:
             _send({"fatal": f"training step failed at batch {request['batch']}: {type(error).__name__}: {error}"})
             return 1
         result["trace_count"] = runner.trace_count
+        if meter is not None and result.get("ok"):
+            # The allocator never hands memory back to the driver (memory growth), so the
+            # footprint after the trial is the most the worker held during it.
+            result["device_used_bytes"] = meter.footprint_bytes()
         _send(result)
     return 0
 

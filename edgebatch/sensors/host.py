@@ -33,6 +33,7 @@ __all__ = [
     "parse_psi",
     "process_peak_rss_bytes",
     "process_rss_bytes",
+    "process_swap_bytes",
     "process_virtual_bytes",
     "read_cgroup_memory",
     "read_host_memory",
@@ -196,6 +197,19 @@ def process_rss_bytes(proc_root: str | Path = "/proc") -> int:
 def process_virtual_bytes(proc_root: str | Path = "/proc") -> int:
     """This process's address space now (VmSize): what RLIMIT_AS caps."""
     return _status_bytes(proc_root, "VmSize")
+
+
+def process_swap_bytes(proc_root: str | Path = "/proc", pid: int | str = "self") -> int | None:
+    """How much of process `pid` is swapped out now (VmSwap); None where that cannot be read.
+
+    VmHWM and VmRSS count resident pages only: a process whose pages went to swap reads smaller
+    than it is. None on kernels without the VmSwap line, without /proc, or when `pid` is gone.
+    """
+    try:
+        text = (Path(proc_root) / str(pid) / "status").read_text()
+    except OSError:
+        return None
+    return parse_proc_status(text).get("VmSwap")
 
 
 def reset_process_peak_rss(proc_root: str | Path = "/proc") -> bool:

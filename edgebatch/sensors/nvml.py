@@ -16,10 +16,13 @@ from typing import Any
 __all__ = [
     "GpuInfo",
     "GpuMemory",
+    "GpuProcessMeter",
     "list_gpus",
     "nvml_driver_version",
     "nvml_is_available",
+    "process_gpu_footprint_bytes",
     "read_gpu_memory",
+    "read_process_gpu_memory",
     "visible_nvml_indices",
 ]
 
@@ -113,6 +116,78 @@ def read_gpu_memory(index: int, nvml: Any = None) -> GpuMemory | None:
     return GpuMemory(
         index=index, total_bytes=int(memory.total), used_bytes=int(memory.used), free_bytes=int(memory.free)
     )
+
+
+def read_process_gpu_memory(index: int, pid: int, nvml: Any = None) -> int | None:
+    """Bytes NVML says process `pid` holds on NVML GPU `index` (its CUDA context included).
+
+    None when NVML cannot tell: unavailable, no such GPU, no per-process accounting (MIG, WSL,
+    some drivers report it as not available), or `pid` not in NVML's list, as inside a container
+    whose PID namespace differs from the host's (NVML lists host pids).
+    """
+    lib = _initialised_nvml(nvml)
+    if lib is None:
+        return None
+    try:
+        processes = lib.nvmlDeviceGetComputeRunningProcesses(lib.nvmlDeviceGetHandleByIndex(index))
+    except _nvml_errors(lib) as exc:
+        _forget_if_uninitialised(lib, exc)
+        return None
+    for process in processes:
+        if int(getattr(process, "pid", -1)) == pid:
+            used = getattr(process, "usedGpuMemory", None)
+            return None if used is None else int(used)
+    return None
+
+
+def process_gpu_footprint_bytes(
+    *, process_used_bytes: int | None, device_used_bytes: int | None, device_used_before_bytes: int | None
+) -> int | None:
+    """What a process holds on a GPU: NVML's figure for the process when there is one, else what
+    the whole device holds over its reading from before the process touched the GPU (which also
+    counts anything other processes took meanwhile, so it errs high). None when neither is known.
+    """
+    if process_used_bytes is not None:
+        return process_used_bytes
+    if device_used_bytes is None or device_used_before_bytes is None:
+        return None
+    return max(0, device_used_bytes - device_used_before_bytes)
+
+
+@dataclass(frozen=True)
+class GpuProcessMeter:
+    """Reads one process's footprint on one GPU through NVML (see process_gpu_footprint_bytes).
+
+    Start it before the process initialises the GPU: the device's used memory then is the
+    reference the fallback subtracts.
+    """
+
+    nvml_index: int
+    pid: int
+    device_used_before_bytes: int
+    nvml: Any = None
+
+    @classmethod
+    def start(
+        cls, tf_ordinal: int, pid: int, *, cuda_visible_devices: str | None, nvml: Any = None
+    ) -> GpuProcessMeter | None:
+        """A meter for TensorFlow's GPU:tf_ordinal, or None when NVML does not see that GPU."""
+        gpus = list_gpus(nvml)
+        visible = visible_nvml_indices(gpus, cuda_visible_devices)
+        if tf_ordinal >= len(visible):
+            return None
+        memory = read_gpu_memory(visible[tf_ordinal], nvml)
+        if memory is None:
+            return None
+        return cls(nvml_index=visible[tf_ordinal], pid=pid, device_used_before_bytes=memory.used_bytes, nvml=nvml)
+
+    def footprint_bytes(self) -> int | None:
+        memory = read_gpu_memory(self.nvml_index, self.nvml)
+        return process_gpu_footprint_bytes(
+            process_used_bytes=read_process_gpu_memory(self.nvml_index, self.pid, self.nvml),
+            device_used_bytes=None if memory is None else memory.used_bytes,
+            device_used_before_bytes=self.device_used_before_bytes,
+        )
 
 
 def nvml_driver_version(nvml: Any = None) -> str | None:

@@ -1,0 +1,252 @@
+"""Worker faults: hung workers, a killed parent, garbled replies, swapping trials.
+
+Most tests drive the parent side against a stand-in worker (a few lines of Python that speak the
+protocol), so they take about a second each; the killed-parent tests run the real worker module.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edgebatch.errors import ProbeError
+from edgebatch.probe import worker as worker_module
+from edgebatch.probe.trial import swap_grew
+from edgebatch.probe.worker import (
+    PREFIX,
+    WorkerSetup,
+    parse_reply,
+    start_worker,
+    trial_deadline_seconds,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HANG_MODEL = f"{REPO_ROOT / 'tests' / 'models' / 'hang_on_build.py'}:build"
+
+# A stand-in worker: its setup's model_spec says how it misbehaves.
+FAKE_WORKER = r"""
+import json, sys, time
+setup = json.loads(sys.stdin.readline())
+mode = setup["model_spec"]
+def send(text):
+    sys.stdout.write(text)
+    sys.stdout.flush()
+if mode == "never_ready":
+    time.sleep(60)
+    sys.exit(0)
+send("chatter from TensorFlow that is not the protocol\n")
+send('@@edgebatch {"ready": true, "measure": "process_peak", "prewarm_step_seconds": 0.25}\n')
+for line in sys.stdin:
+    batch = json.loads(line)["batch"]
+    if mode == "hang":
+        time.sleep(60)
+    elif mode == "garbled":
+        send('@@edgebatch {"batch": %d, "ok": tru\n' % batch)
+    elif mode == "truncated":
+        send('@@edgebatch {"batch": %d, "o' % batch)
+        sys.exit(0)
+    elif mode == "not_an_object":
+        send('@@edgebatch [1, 2]\n')
+    else:
+        send('@@edgebatch {"batch": %d, "ok": true, "step_seconds": 0.5, "process_peak_bytes": 1000}\n' % batch)
+"""
+
+
+def fake_worker(mode: str, **setup_fields):
+    return start_worker(WorkerSetup(model_spec=mode, **setup_fields), command=[sys.executable, "-c", FAKE_WORKER])
+
+
+def process_gone(pid: int) -> bool:
+    """No such process, or only its zombie left (a reaper that has not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+# ---- deadlines -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("trial_seconds", "expected_step_seconds", "deadline"),
+    [
+        (10.0, None, 200.0),  # 20 x trial_seconds
+        (1.0, None, 120.0),  # the floor
+        (10.0, 5.0, 200.0),  # steps that fit the trial change nothing
+        (10.0, 60.0, 610.0),  # slow steps: trial_seconds + 10 steps
+        (10.0, 0.0, 200.0),
+    ],
+)
+def test_trial_deadline_is_generous_and_grows_with_slow_steps(trial_seconds, expected_step_seconds, deadline):
+    assert trial_deadline_seconds(trial_seconds, expected_step_seconds) == deadline
+
+
+def test_a_hung_trial_stops_the_probe_and_the_worker():
+    worker = fake_worker("hang", trial_deadline_seconds=1.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ProbeError, match=r"no reply within 1 s at batch 8 .*hung, not out of memory") as caught:
+            worker.run_trial(8)
+        assert time.monotonic() - started < 5
+        assert "\n" not in str(caught.value)
+        assert worker.process.poll() is not None
+        assert not worker.can_run(16)
+    finally:
+        worker.close()
+
+
+def test_a_hung_trial_whose_swap_grew_is_a_failed_trial(monkeypatch):
+    readings = iter([0, 8192])
+    monkeypatch.setattr(worker_module, "_process_swap_bytes", lambda pid: next(readings))
+    worker = fake_worker("hang", trial_deadline_seconds=1.0)
+    try:
+        reply = worker.run_trial(8)
+        assert reply["ok"] is False and reply["error"] == "swapped" and reply["batch"] == 8
+        assert worker.process.poll() is not None
+        assert not worker.can_run(16)
+    finally:
+        worker.close()
+
+
+def test_a_worker_that_never_gets_ready_is_stopped_at_the_startup_deadline():
+    started = time.monotonic()
+    with pytest.raises(ProbeError, match=r"not ready within 1 s"):
+        fake_worker("never_ready", startup_deadline_seconds=1.0)
+    assert time.monotonic() - started < 5
+
+
+def test_the_real_worker_is_stopped_at_the_startup_deadline(tmp_path, monkeypatch):
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("EDGEBATCH_TEST_HANG_MARKER", str(marker))
+    spawned = []
+    real_spawn = worker_module.spawn_worker
+    monkeypatch.setattr(worker_module, "spawn_worker", lambda *a, **k: spawned.append(real_spawn(*a, **k)) or spawned[-1])
+    with pytest.raises(ProbeError, match=r"not ready within 2 s .*hang_on_build"):
+        start_worker(WorkerSetup(model_spec=HANG_MODEL, startup_deadline_seconds=2.0))
+    assert process_gone(spawned[0].process.pid)
+
+
+def test_the_deadline_follows_the_workers_own_step_times():
+    worker = fake_worker("answer", prewarm_batch=4)
+    try:
+        # The prewarm's 0.25 s at batch 4 foresees 625 s at batch 10000: 10 + 10 x 625.
+        assert worker.trial_deadline(10000) == pytest.approx(6260.0)
+        assert worker.run_trial(8)["ok"] is True
+        # Now 0.5 s at batch 8: 625 s again at 10000, and the floor at small batches.
+        assert worker.trial_deadline(10000) == pytest.approx(6260.0)
+        assert worker.trial_deadline(16) == 200.0
+    finally:
+        worker.close()
+
+
+# ---- garbled replies -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["garbled", "truncated", "not_an_object"])
+def test_a_garbled_or_cut_reply_is_a_one_line_probe_error(mode):
+    worker = fake_worker(mode)
+    try:
+        with pytest.raises(ProbeError, match="probe worker sent a") as caught:
+            worker.run_trial(8)
+        assert "\n" not in str(caught.value)
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize(
+    ("line", "reply"),
+    [
+        (b'@@edgebatch {"batch": 8, "ok": true}\n', {"batch": 8, "ok": True}),
+        (b"2026-01-01 I tensorflow: something\n", None),
+        (b'{"batch": 8}\n', None),  # JSON without the prefix is someone else's output
+    ],
+)
+def test_parse_reply_reads_protocol_lines_and_skips_others(line, reply):
+    assert parse_reply(line) == reply
+
+
+@pytest.mark.parametrize("body", ['{"batch": 8, "ok"', '{"batch": 8, "ok": tru}', "", "null", "[1]", '"text"'])
+def test_parse_reply_refuses_broken_protocol_lines(body):
+    with pytest.raises(ProbeError) as caught:
+        parse_reply((PREFIX + body + "\n").encode())
+    assert "\n" not in str(caught.value)
+
+
+# ---- swap ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "grew"),
+    [(0, 0, False), (0, 4096, True), (1 << 20, 1 << 20, False), (8192, 4096, False), (None, 4096, False), (0, None, False)],
+)
+def test_swap_grew(before, after, grew):
+    assert swap_grew(before, after) is grew
+
+
+# ---- a killed parent leaves no worker --------------------------------------------------------
+
+PARENT_SCRIPT = r"""
+import sys, time
+from edgebatch.probe.worker import WorkerSetup, spawn_worker
+worker = spawn_worker(WorkerSetup(model_spec=sys.argv[1]))
+print(worker.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def start_parent(tmp_path):
+    env = {
+        **os.environ,
+        "EDGEBATCH_TEST_HANG_MARKER": str(tmp_path / "marker"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_SCRIPT, HANG_MODEL], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT
+    )
+    return parent, int(parent.stdout.readline())
+
+
+def kill_parent_and_check_worker(parent, worker_pid):
+    try:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        assert wait_until(lambda: process_gone(worker_pid), timeout_s=10), "the worker outlived its killed parent"
+    finally:
+        if not process_gone(worker_pid):
+            os.kill(worker_pid, signal.SIGKILL)
+
+
+@pytest.mark.slow  # the worker imports TensorFlow before it reaches the stand-in model
+def test_a_worker_busy_in_tensorflow_dies_with_its_killed_parent(tmp_path):
+    parent, worker_pid = start_parent(tmp_path)
+    marker = tmp_path / "marker"
+    # The worker is past its start-up and stuck building the model: only PR_SET_PDEATHSIG can end it
+    # (it will not read its stdin again).
+    reached = wait_until(lambda: marker.exists() and marker.read_text() == str(worker_pid), timeout_s=180)
+    if not reached:
+        os.kill(worker_pid, signal.SIGKILL)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        pytest.fail("the stand-in model never started building")
+    kill_parent_and_check_worker(parent, worker_pid)
+
+
+def test_a_worker_whose_parent_dies_at_once_leaves_too(tmp_path):
+    # Killed before the worker may have asked for PR_SET_PDEATHSIG: it notices the new parent pid.
+    parent, worker_pid = start_parent(tmp_path)
+    kill_parent_and_check_worker(parent, worker_pid)
