@@ -65,6 +65,14 @@ HIGH = Observation(pressure=0.95)
         ({"target_pressure": 0.92}, "0.92"),
         ({"multiple": 0}, "0"),
         ({"min_batch": 9, "ceiling_batch": 12, "multiple": 8}, "9"),
+        ({"fixed_bytes": 0.0, "per_sample_bytes": 1.0, "model_measure": "rss"}, "'rss'"),
+        ({"model_measure": "process_peak"}, "'process_peak'"),  # no model: would do nothing
+        ({"extra_bytes": 5.0}, "5.0"),  # no model: would do nothing
+        ({"fixed_bytes": 0.0, "per_sample_bytes": 1.0, "extra_bytes": -1.0}, "-1.0"),
+        ({"hard_limit_fraction": 0.8}, "0.8"),  # at the target: growth to the fit would be shrunk
+        ({"hard_limit_fraction": 1.01}, "1.01"),
+        ({"threshold_safe_fraction": 1.0}, "1.0"),
+        ({"threshold_expiry_updates": 0}, "0"),
     ],
 )
 def test_config_rejects_bad_values_quoting_them(overrides, quoted):
@@ -345,6 +353,101 @@ def test_lr_scale_follows_a_shrink_in_elastic_mode():
     assert (decision.micro_batch, decision.effective_batch, decision.lr_scale) == (32, 32, 0.5)
 
 
+# --- the OOM threshold (TCP's ssthresh) ------------------------------------------------------
+
+
+def test_oom_sets_the_threshold_and_an_oom_cooldown():
+    cfg = config()
+    state, decision = step(cfg, state_at(cfg, 64, threshold_calm_updates=9), Observation(pressure=None, oom=True))
+    assert decision.micro_batch == 32
+    assert state.threshold_batch == 64 and state.threshold_calm_updates == 0
+    assert state.oom_cooldown and state.cooldown_left == cfg.cooldown_updates
+
+
+def test_a_later_oom_keeps_the_lower_threshold():
+    cfg = config()
+    state, _ = step(cfg, state_at(cfg, 40, threshold_batch=48), Observation(pressure=None, oom=True))
+    assert state.threshold_batch == 40
+    # a stale report from above (a restart resumed lower) only lowers it when it is lower
+    state, decision = step(cfg, state_at(cfg, 16, threshold_batch=40), Observation(pressure=None, oom=True,
+                                                                                   micro_batch=56))
+    assert not decision.changed and state.threshold_batch == 40 and state.oom_count == 1
+
+
+def test_a_stale_oom_sets_a_threshold_when_there_is_none():
+    cfg = config()
+    state, decision = step(cfg, state_at(cfg, 32), Observation(pressure=None, oom=True, micro_batch=64))
+    assert not decision.changed and state.threshold_batch == 64
+
+
+def test_calm_in_an_oom_cooldown_does_not_count():
+    cfg = config()
+    state = state_at(cfg, 32, cooldown_left=5, oom_cooldown=True, calm_streak=0, threshold_batch=64)
+    state, decision = step(cfg, state, CALM)
+    assert state.calm_streak == 0 and state.cooldown_left == 4 and state.oom_cooldown
+    assert state.threshold_calm_updates == 0
+
+
+def test_the_oom_cooldown_ends_with_the_cooldown():
+    cfg = config()
+    state, _ = step(cfg, state_at(cfg, 32, cooldown_left=1, oom_cooldown=True, threshold_batch=64), CALM)
+    assert state.cooldown_left == 0 and not state.oom_cooldown and state.calm_streak == 0
+    state, _ = step(cfg, state, CALM)
+    assert state.calm_streak == 1 and state.threshold_calm_updates == 1
+
+
+def test_calm_in_a_pressure_cooldown_still_counts():
+    cfg = config()
+    state, _ = step(cfg, state_at(cfg, 32, cooldown_left=5, calm_streak=2), CALM)
+    assert state.calm_streak == 3
+
+
+@pytest.mark.parametrize(
+    "current, threshold, expected",
+    [
+        (8, 64, 16),  # far below the safe point 48: x2
+        (32, 64, 48),  # x2 would pass the safe point: capped at it
+        (48, 64, 49),  # at the safe point: one step
+        (60, 64, 61),
+        (63, 64, 63),  # one step would reach the threshold: no growth
+        (30, 41, 31),  # safe point floor(41 x 0.75) = 30
+    ],
+)
+def test_growth_under_a_threshold(current, threshold, expected):
+    cfg = config()
+    state, decision = step(cfg, state_at(cfg, current, calm_streak=4, threshold_batch=threshold), CALM)
+    assert decision.micro_batch == expected and decision.changed is (expected != current)
+    if expected == current:
+        assert state.calm_streak == 5, "nothing higher allowed: the streak keeps counting"
+    else:
+        assert decision.reason.endswith(f"(oom threshold {threshold})")
+
+
+def test_additive_growth_takes_one_legal_step_with_a_multiple():
+    cfg = config(multiple=8)
+    _, decision = step(cfg, state_at(cfg, 48, calm_streak=4, threshold_batch=64), CALM)
+    assert decision.micro_batch == 56
+    _, decision = step(cfg, state_at(cfg, 56, calm_streak=4, threshold_batch=64), CALM)
+    assert not decision.changed
+
+
+def test_the_threshold_is_raised_after_enough_calm_updates_and_then_forgotten():
+    cfg = config(threshold_expiry_updates=10)
+    state = state_at(cfg, 39, threshold_batch=40, threshold_calm_updates=9)
+    state, _ = step(cfg, state, CALM)
+    assert state.threshold_batch == 54 and state.threshold_calm_updates == 0  # ceil(40 / 0.75)
+    state, _ = step(cfg, dataclasses.replace(state, threshold_batch=60, threshold_calm_updates=9), CALM)
+    assert state.threshold_batch is None  # 80 > upper 64: nothing left to protect
+
+
+def test_only_calm_readings_count_towards_expiry():
+    cfg = config()
+    state = state_at(cfg, 32, threshold_batch=40, threshold_calm_updates=3)
+    for observation, expected in ((MIDDLE, 3), (Observation(pressure=None), 3), (CALM, 4)):
+        state, _ = step(cfg, state, observation)
+        assert state.threshold_calm_updates == expected
+
+
 # --- state serialisation ------------------------------------------------------------------------
 
 
@@ -368,6 +471,29 @@ def test_state_from_dict_rejects_malformed_values(key, value):
         GovernorState.from_dict(data)
 
 
+def test_state_round_trips_a_threshold_through_json():
+    state = dataclasses.replace(initial_state(config()), threshold_batch=41, threshold_calm_updates=17,
+                                oom_cooldown=True, cooldown_left=3)
+    assert GovernorState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+
+def test_state_from_dict_loads_a_state_saved_before_the_threshold():
+    data = initial_state(config()).to_dict()
+    for key in ("threshold_batch", "threshold_calm_updates", "oom_cooldown"):
+        del data[key]
+    state = GovernorState.from_dict(data)
+    assert state.threshold_batch is None and state.threshold_calm_updates == 0 and not state.oom_cooldown
+
+
+@pytest.mark.parametrize("key, value", [("threshold_batch", 0), ("threshold_batch", "40"),
+                                        ("threshold_calm_updates", -2), ("oom_cooldown", 1)])
+def test_state_from_dict_rejects_a_malformed_threshold(key, value):
+    data = initial_state(config()).to_dict()
+    data[key] = value
+    with pytest.raises(ValueError, match=key):
+        GovernorState.from_dict(data)
+
+
 def test_state_from_dict_names_missing_keys():
     data = initial_state(config()).to_dict()
     del data["oom_count"]
@@ -380,3 +506,7 @@ def test_observation_rejects_bad_values():
         Observation(pressure=-0.1)
     with pytest.raises(ValueError, match="0"):
         Observation(pressure=None, micro_batch=0)
+    with pytest.raises(ValueError, match="'rss'"):
+        Observation(pressure=None, measure="rss")
+    with pytest.raises(ValueError, match="running_micro_batch"):
+        Observation(pressure=None, oom=True, running_micro_batch=0)

@@ -87,7 +87,7 @@ def test_force_reads_regardless_and_restarts_the_count():
     assert reader.read().pressure is None
 
 
-def test_worst_of_sources_wins_with_its_bytes():
+def test_on_gpu_the_room_comes_from_the_allocator_measure_with_the_least_room():
     reader = PressureReader(
         device="GPU:0",
         budget_bytes=10 * GiB,
@@ -100,6 +100,7 @@ def test_worst_of_sources_wins_with_its_bytes():
     observation = reader.read()
     assert observation.pressure == pytest.approx(0.75)
     assert observation.limit_bytes == 16 * GiB and observation.used_bytes == 7 * GiB
+    assert observation.measure == "allocator_peak" and observation.own_bytes == 5 * GiB
     assert observation.psi_some_avg10 == 2.5
     assert set(reader.last_readings) == {"allocator", "gpu", "host"}
     assert reader.last_readings["allocator"].pressure == pytest.approx(0.3)
@@ -116,6 +117,48 @@ def test_host_wins_when_it_is_worst_and_reports_used_not_ours():
     observation = reader.read()
     assert observation.pressure == pytest.approx(7 / 8)
     assert observation.limit_bytes == 8 * GiB and observation.used_bytes == 2 * GiB
+
+
+def test_on_cpu_the_room_is_the_hosts_even_when_the_allocator_reads_worse():
+    # the model (probed on CPU) predicts RSS: the allocator's bytes are another measure
+    reader = PressureReader(
+        budget_bytes=2 * GiB,
+        sources={
+            "allocator": lambda: allocator(current=int(1.9 * GiB)),  # 0.95 of the budget
+            "host": lambda: host(total=32 * GiB, available=20 * GiB, rss=10 * GiB),  # 12 used, 2 others
+        },
+    )
+    observation = reader.read()
+    assert observation.pressure == pytest.approx(0.95)
+    assert observation.limit_bytes == 32 * GiB and observation.used_bytes == 2 * GiB
+    assert observation.measure == "process_peak" and observation.own_bytes == 10 * GiB
+    assert observation.room_bytes == 30 * GiB
+
+
+def test_a_tighter_budget_binds_on_gpu():
+    reader = PressureReader(device="GPU:0", budget_bytes=6 * GiB, sources={
+        "allocator": lambda: allocator(current=3 * GiB, peak=5 * GiB),
+        "gpu": lambda: gpu(total=16 * GiB, used=12 * GiB),  # room 16 - 7 = 9 GiB > the budget's 6
+    })
+    observation = reader.read()
+    assert observation.limit_bytes == 6 * GiB and observation.used_bytes == 0
+    assert observation.measure == "allocator_peak"
+
+
+def test_an_explicit_measure_picks_its_reading():
+    reader = PressureReader(device="GPU:0", measure="process_peak", sources={
+        "gpu": lambda: gpu(total=16 * GiB, used=12 * GiB),
+        "host": lambda: host(total=32 * GiB, available=16 * GiB, rss=4 * GiB),
+    })
+    observation = reader.read()
+    assert observation.measure == "process_peak" and observation.used_bytes == 12 * GiB
+
+
+def test_without_a_reading_in_its_measure_the_worst_reading_gives_the_room():
+    reader = PressureReader(budget_bytes=4 * GiB, sources={"allocator": lambda: allocator(GiB)})
+    observation = reader.read()
+    assert observation.measure == "allocator_peak" and observation.limit_bytes == 4 * GiB
+    assert observation.used_bytes == 0
 
 
 def test_allocator_without_budget_on_cpu_is_skipped_and_on_gpu_uses_nvml_total():
@@ -153,6 +196,7 @@ def test_a_failing_source_is_warned_about_once_and_skipped():
         ({"min_interval_seconds": -1.0}, "-1.0"),
         ({"sources": {"disk": lambda: None}}, "'disk'"),
         ({"sources": {"host": 3}}, "'host'"),
+        ({"measure": "rss"}, "'rss'"),
     ],
 )
 def test_bad_arguments_are_refused_quoting_them(kwargs, quoted):

@@ -7,14 +7,15 @@ from types import SimpleNamespace
 import pytest
 
 from edgebatch.governor import Governor, GovernorConfig, GovernorConfigError, Observation
+from edgebatch.governor.governor import trainable_bytes
 
 MiB = 1024 * 1024
 
 
-def fake_profile(safe_batch=48, max_batch=64, memory_model=None):
+def fake_profile(safe_batch=48, max_batch=64, memory_model=None, measure="process_peak"):
     return SimpleNamespace(
         safe_batch=safe_batch, max_batch=max_batch, memory_model=memory_model,
-        budget_bytes=4096 * MiB, device={"kind": "CPU"},
+        budget_bytes=4096 * MiB, device={"kind": "CPU"}, measure=measure,
     )
 
 
@@ -99,6 +100,59 @@ def test_from_profile_uses_safe_batch_and_the_memory_model():
     assert governor.config.ceiling_batch == 48
     assert governor.config.fixed_bytes == 849 * MiB and governor.config.per_sample_bytes == 11.6 * MiB
     assert governor.decision.micro_batch == 48 and governor.decision.accumulation_steps == 3
+
+
+@pytest.mark.parametrize("measure", ["process_peak", "allocator_peak"])
+def test_from_profile_tags_the_memory_model_with_the_profiles_measure(measure):
+    model = SimpleNamespace(fixed_bytes=100 * MiB, per_sample_bytes=10 * MiB)
+    governor = Governor.from_profile(fake_profile(memory_model=model, measure=measure), effective_batch=48)
+    assert governor.config.model_measure == measure
+    other = "allocator_peak" if measure == "process_peak" else "process_peak"
+    # others use 600 of 1000 MiB: in the model's measure it predicts 48 does not fit at all
+    matching = Observation(pressure=0.7, limit_bytes=1000 * MiB, used_bytes=600 * MiB, measure=measure)
+    assert governor.observe(matching).micro_batch == 10
+    governor.reset()
+    assert governor.observe(dataclasses.replace(matching, measure=other)).micro_batch == 48
+
+
+def test_from_profile_counts_fits_accumulators_and_extra_bytes():
+    model = SimpleNamespace(fixed_bytes=100 * MiB, per_sample_bytes=10 * MiB)
+    tf_like = SimpleNamespace(size=4)  # a tf.DType says its size in bytes
+    keras_model = SimpleNamespace(trainable_variables=[
+        SimpleNamespace(shape=(256, 1024), dtype="float32"),  # 1 MiB (Keras 3 names its dtype)
+        SimpleNamespace(shape=(1024,), dtype=tf_like),  # 4 KiB
+        SimpleNamespace(shape=(512, 1024), dtype="float16"),  # 1 MiB
+    ])
+    assert trainable_bytes(keras_model) == 2 * MiB + 4096
+    governor = Governor.from_profile(fake_profile(memory_model=model), effective_batch=48,
+                                     model=keras_model, extra_bytes=8 * MiB)
+    assert governor.config.extra_bytes == 10 * MiB + 4096
+    plain = Governor.from_profile(fake_profile(), effective_batch=48, extra_bytes=8 * MiB)
+    assert plain.config.extra_bytes == 0.0, "without a memory model there is nothing to add to"
+
+
+@pytest.mark.parametrize("extra", [-1, float("nan"), "8"])
+def test_from_profile_refuses_bad_extra_bytes(extra):
+    with pytest.raises(GovernorConfigError, match="extra_bytes"):
+        Governor.from_profile(fake_profile(), effective_batch=48, extra_bytes=extra)
+
+
+def test_on_oom_of_a_remainder_piece_shrinks_from_the_running_size():
+    governor = Governor(GovernorConfig(ceiling_batch=100, effective_batch=100), start_micro_batch=32)
+    decision = governor.on_oom(4)  # [32, 32, 32, 4]: the last piece failed
+    assert decision.micro_batch == 16 and governor.state.threshold_batch == 32
+    told = Governor(GovernorConfig(ceiling_batch=100, effective_batch=100), start_micro_batch=64)
+    assert told.on_oom(32, running_micro_batch=32).micro_batch == 16
+
+
+def test_load_state_dict_accepts_a_checkpoint_from_before_the_threshold():
+    governor = Governor(GovernorConfig(ceiling_batch=64, effective_batch=64))
+    old = governor.state_dict()
+    for key in ("threshold_batch", "threshold_calm_updates", "oom_cooldown"):
+        del old["state"][key]
+    governor.on_oom(64)
+    governor.load_state_dict(json.loads(json.dumps(old)))
+    assert governor.state.threshold_batch is None and governor.decision.micro_batch == 64
 
 
 def test_from_profile_max_batch_small_effective_batch_and_overrides():
