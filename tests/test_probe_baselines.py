@@ -89,7 +89,7 @@ def linear_device(baseline_bytes, per_sample_bytes):
 def estimate_config(budget_mib, baseline_mib, **kwargs):
     return SearchConfig(
         budget_bytes=budget_mib * MIB, baseline_bytes=baseline_mib * MIB, strategy="one_shot_estimate",
-        max_batch=100_000, **kwargs,
+        max_batch_limit=100_000, **kwargs,
     )
 
 
@@ -120,10 +120,10 @@ def test_estimate_that_misses_low_answers_the_calibration_batch_not_a_failure():
     assert answer == 1
 
 
-def test_estimate_with_a_calibration_that_adds_nothing_goes_to_max_batch():
+def test_estimate_with_a_calibration_that_adds_nothing_goes_to_max_batch_limit():
     config = estimate_config(1000, 600)
     flat = Outcome(1, ran=True, peak_bytes=590 * MIB)  # below the baseline: RSS noise
-    assert estimate_candidates(config, flat) == [config.max_batch]
+    assert estimate_candidates(config, flat) == [config.max_batch_limit]
 
 
 def test_estimate_when_nothing_fits():

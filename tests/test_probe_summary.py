@@ -36,7 +36,7 @@ def test_knee_is_the_smallest_batch_within_5_percent_of_the_best_rate():
 
 def test_memory_model_uses_every_trial_that_ran_including_over_budget():
     model = summary.memory_model_of(TRIALS)
-    assert model.points == 5
+    assert model.points == 6  # 8..128 and 256, which read over budget; 512 raised an OOM: no reading
     assert model.per_sample_bytes == pytest.approx(10 * MIB, rel=1e-6)
     assert model.fixed_bytes == pytest.approx(720 * MIB, rel=1e-6)
 

@@ -1,7 +1,7 @@
 """The peers' batch finders as pure strategies, so the benchmark runs them on edgebatch's own trials.
 
 No TensorFlow here. Each is a `next_step(config, outcomes) -> Run | Done` like search.py's, chosen by
-`SearchConfig.strategy` (search.next_step dispatches here), so a benchmark compares methods on the
+`SearchConfig.strategy` (search.next_step dispatches here; the records they share live in outcomes.py), so a benchmark compares methods on the
 same worker processes, budget and measurement, and only the decisions differ:
 
 - `shrink_x0.9` / `shrink_x0.5`: Accelerate's `find_executable_batch_size`, new and old. Start at
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from edgebatch.errors import UsageError
-from edgebatch.probe.search import Done, Outcome, Run, SearchConfig, first_batch, round_down
+from edgebatch.probe.outcomes import Done, Outcome, Run, SearchConfig, first_batch, round_down
 
 SHRINK_FACTORS = {"shrink_x0.9": 0.9, "shrink_x0.5": 0.5}
 ONE_SHOT = "one_shot_estimate"
@@ -77,11 +77,11 @@ def estimate_candidates(config: SearchConfig, calibration: Outcome) -> list[int]
         return []
     room_bytes = config.budget_bytes - config.baseline_bytes
     # A calibration step that added nothing measurable still costs something per sample: one byte
-    # keeps the division defined and sends the estimate to max_batch, which is what DeepSpeed's
+    # keeps the division defined and sends the estimate to max_batch_limit, which is what DeepSpeed's
     # formula does with a zero activation estimate.
     per_sample_bytes = max(1.0, (calibration.peak_bytes - config.baseline_bytes) / calibration.batch)
     estimate = room_bytes / per_sample_bytes
-    cap = round_down(config.max_batch, config.multiple)
+    cap = round_down(config.max_batch_limit, config.multiple)
     candidates = {min(round_down(estimate * factor, config.multiple), cap) for factor in ESTIMATE_FACTORS}
     return sorted(batch for batch in candidates if batch >= config.multiple)
 

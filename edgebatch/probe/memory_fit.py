@@ -3,11 +3,17 @@
 Pure: plain numbers in, a `MemoryModel` out. FACTS.md: on this machine MobileNetV2's process peak
 is linear in batch to within 13 MiB over 8..128, but at fine scale peaks step by +-40 MiB, so the
 fit predicts the neighbourhood of the ceiling and trials near the boundary decide.
+
+`memory_model_of` is the one fit the probe uses and `trusted` the one rule for when to believe
+it: the search (search.py) jumps and skips by it, and the profile (summary.py) records it and
+steps the safe batch along it. `bump_excess_bytes` says when a reading sits further above the line
+than the noise of the other readings: a bump in a peak that is not monotone in batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 
 from edgebatch.profiles.model import MemoryModel
@@ -16,8 +22,61 @@ from edgebatch.profiles.model import MemoryModel
 # at fine scale peaks step by +-40 MiB (FACTS.md), so the slope between close batches is noise.
 LOCAL_FIT_MIN_SPREAD = 0.25
 
+# The model is trusted after this many readings with at least this r2, growing with batch: three
+# points on a line are the fewest that can show it bending, and FACTS.md's MobileNetV2 line has
+# r2 > 0.999 over 8..128, so 0.98 lets the +-40 MiB steps through but not a curve.
+MIN_FIT_POINTS = 3
+MIN_FIT_R2 = 0.98
+# Peaks of the same batch differ between processes by this much, more between runs at different
+# times than back to back (small_cnn at 337 here: four fresh processes back to back read
+# 1,595.6-1,595.9 MB, the one the issue reports 1,617.6 MB; probe workers 1,608.1-1,608.7 MB back
+# to back, at most 1,594.5 MB in the probe that answered 337). A reading closer to the line than
+# this is not told apart from it.
+PEAK_SPREAD_FRACTION = 0.02
+
 # (batch, peak_bytes, fresh): fresh when the trial was the first trial batch of its worker.
 Reading = tuple[int, float, bool]
+
+
+def trusted(model: MemoryModel | None) -> bool:
+    """The one rule for believing a fitted line: enough points, straight enough, growing with batch."""
+    return (
+        model is not None
+        and model.points >= MIN_FIT_POINTS
+        and model.r2 >= MIN_FIT_R2
+        and model.per_sample_bytes > 0
+    )
+
+
+def memory_model_of(readings: Sequence[Reading]) -> MemoryModel | None:
+    """The trusted line through the readings, turned toward the fresh ones; None when none is trusted.
+
+    Readings are (batch, measured peak, fresh) of trials that ran, over budget or not. Fresh
+    readings at large batches are kept out of the fit and turn the line down when they read below
+    it (split_fresh, turn_to_fresh): reused workers read high. When the rest is too few or too
+    crooked to trust, every reading is fitted.
+    """
+    rest, fresh = split_fresh(readings)
+    for points in (rest, [(batch, peak) for batch, peak, _ in readings]):
+        model = fit_memory_model(points)
+        if trusted(model):
+            return turn_to_fresh(model, fresh)
+    return None
+
+
+def bump_excess_bytes(model: MemoryModel, readings: Sequence[Reading], batch: int, peak_bytes: float) -> float:
+    """How far `peak_bytes` at `batch` sits above the line beyond the noise (> 0: a bump).
+
+    The noise is the larger of the other readings' root-mean-square distance from the line and the
+    process-to-process spread (PEAK_SPREAD_FRACTION of the predicted peak): a fit through three
+    small batches on a clean line has almost no residual, but a reading near the boundary still
+    moves by the spread from one process to the next.
+    """
+    predicted = model.predict_bytes(batch)
+    others = [peak - model.predict_bytes(b) for b, peak, _ in readings if b != batch]
+    rms = math.sqrt(sum(r * r for r in others) / len(others)) if others else 0.0
+    noise = max(rms, PEAK_SPREAD_FRACTION * predicted)
+    return peak_bytes - predicted - noise
 
 
 def fit_memory_model(points: Iterable[tuple[int, float]]) -> MemoryModel | None:
@@ -72,6 +131,9 @@ def turn_to_fresh(model: MemoryModel, fresh: Sequence[tuple[int, float]]) -> Mem
     search creep up in 2% steps, each a trial. Fresh readings above the line are the fine-scale steps
     of FACTS.md, which trials near the boundary settle: they do not turn it up.
     """
+    # Only readings at or under the line turn it: one above it (a bump, a step) would cancel the
+    # turn of the others in the least-squares slope below.
+    fresh = [(batch, peak) for batch, peak in fresh if peak <= model.predict_bytes(batch)]
     if not fresh:
         return model
     turned = model

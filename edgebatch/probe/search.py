@@ -17,13 +17,22 @@ Strategies:
   memory model (fixed + per_sample x batch, fitted on the measured trials) is good, jump straight
   to just under its predicted ceiling instead of doubling blindly, and never propose a batch the
   model predicts over budget. At the first failure bisect between the last fit and the first
-  failure, guided by the model's ceiling when it falls inside the interval.
+  failure, guided by the model's ceiling when it falls inside the interval. Which fits and
+  failures count is outcomes.edge_of's rule, the same one the profile is summarised by: a failure
+  that a fresh worker contradicts (the batch, or a larger one, fitted fresh) is recorded but does
+  not bound the search.
   The endgame is measured fresh: a worker that ran earlier trials reads 5-6% high (memory it kept
   from them is only partly reused: dense_wide at 300 read 1410 MiB after trials at 8..276 and
   1327 MiB in a new process, where an independent fresh step read 1334 MiB). So once the model is
   trusted every trial runs in a fresh worker, the model's line is moved down to the fresh
   readings (memory_fit.turn_to_fresh), and the search does not stop on a failure a
   reused worker measured or the model predicted: it runs that batch fresh first.
+  Peaks are not monotone in batch at fine scale (small_cnn in fresh processes: 300 read 1548 MiB,
+  310 read 1421 MiB). A fresh failure that sits above the trusted line by more than the noise
+  (memory_fit.bump_excess_bytes) while the line puts it within the budget is a bump, not the
+  ceiling: before answering, one fresh trial higher up, under the line's ceiling, confirms it. If
+  that trial fits, the bump is contradicted and the search goes on above it; if it fails too, the
+  bump stands as the ceiling.
 - `binsearch`: plain doubling, then midpoint bisection (Lightning's binsearch). The baseline the
   slow start is measured against.
 - `power`: plain doubling until the first failure; answer the last fit (Lightning's power).
@@ -33,156 +42,121 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from edgebatch.errors import UsageError
-from edgebatch.probe.memory_fit import fit_memory_model, split_fresh, turn_to_fresh
+from edgebatch.probe import baselines
+from edgebatch.probe.memory_fit import bump_excess_bytes, memory_model_of
+from edgebatch.probe.outcomes import (
+    STRATEGIES,
+    Done,
+    Outcome,
+    Run,
+    SearchConfig,
+    Skip,
+    Step,
+    edge_of,
+    first_batch,
+    round_down,
+)
 from edgebatch.profiles.model import MemoryModel
 
-# The last three are the peers' finders, for benchmarks (baselines.py): Accelerate's shrink-on-OOM
-# (x0.9 now, x0.5 before) and a DeepSpeed-style one-shot estimate.
-STRATEGIES = ("slow_start", "binsearch", "power", "shrink_x0.9", "shrink_x0.5", "one_shot_estimate")
+# Fresh trials above one bump before it is taken as the ceiling (see _confirm_above_bump).
+BUMP_CONFIRMATIONS = 2
+# The widest bump measured, as a share of its batch: small_cnn under 1.5 GiB read high from 292
+# to 308 and low again at 320 in the probe's workers, high at 290-300 and low at 280 and 310 in
+# fresh processes (device_profiles/README.md).
+BUMP_WIDTH_FRACTION = 0.10
+
+__all__ = [
+    "STRATEGIES", "Done", "Outcome", "Run", "SearchConfig", "Skip", "Step", "first_batch", "next_step", "round_down",
+    "usable_model",
+]
 
 
-@dataclass(frozen=True)
-class SearchConfig:
-    budget_bytes: int
-    start_batch: int = 8
-    max_batch: int = 4096
-    multiple: int = 1
-    # Stop bisecting when the interval is within 2% of the answer (or one `multiple`).
-    tolerance: float = 0.02
-    strategy: str = "slow_start"
-    # The first jump lands this far under the predicted ceiling: the fit from a few small batches
-    # can be off by a few percent (FACTS.md: +-40 MiB steps), and a jump that overshoots costs a
-    # failed trial at the most expensive batch of the probe.
-    jump_margin: float = 0.04
-    # The model is trusted after this many measured trials with at least this r2.
-    min_fit_points: int = 3
-    min_fit_r2: float = 0.98
-    refuse_predicted_over_budget: bool = True
-    # slow_start only: trials after the model is trusted, and the check of the failure above the
-    # answer, run in fresh workers (see the module docstring).
-    fresh_endgame: bool = True
-    # The worker's memory before any trial batch (same measure as the peaks); only the
-    # one_shot_estimate baseline reads it.
-    baseline_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.budget_bytes <= 0:
-            raise UsageError(f"memory budget must be positive, got {self.budget_bytes!r} bytes")
-        if self.multiple < 1:
-            raise UsageError(f"--multiple must be >= 1, got {self.multiple!r}")
-        if self.start_batch < 1:
-            raise UsageError(f"--start must be >= 1, got {self.start_batch!r}")
-        if self.max_batch < self.multiple:
-            raise UsageError(
-                f"--max-batch {self.max_batch!r} is below --multiple {self.multiple!r}: no batch is allowed"
-            )
-        if not 0 < self.tolerance < 1:
-            raise UsageError(f"tolerance must be in (0, 1), got {self.tolerance!r}")
-        if self.strategy not in STRATEGIES:
-            raise UsageError(f"unknown search strategy {self.strategy!r}: choose one of {', '.join(STRATEGIES)}")
+def readings_of(outcomes: Sequence[Outcome]) -> list[tuple[int, int, bool]]:
+    """(batch, measured peak, fresh) of every trial that ran, over budget or not."""
+    return [(o.batch, o.peak_bytes, o.fresh) for o in outcomes if o.reading]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What one trial showed. `ran` is False for an OOM (or a worker killed) and for a skip.
-
-    `fresh`: the trial was the first trial batch of its worker process, so nothing kept from
-    earlier trials lifted its reading.
-    """
-
-    batch: int
-    ran: bool
-    peak_bytes: int | None = None
-    measured: bool = True
-    fresh: bool = False
-
-    def fits(self, budget_bytes: int) -> bool:
-        return self.ran and self.peak_bytes is not None and self.peak_bytes <= budget_bytes
-
-
-@dataclass(frozen=True)
-class Run:
-    batch: int
-    fresh: bool = False
-
-
-@dataclass(frozen=True)
-class Skip:
-    batch: int
-    predicted_peak_bytes: int
-
-
-@dataclass(frozen=True)
-class Done:
-    max_batch: int | None
-
-
-Step = Run | Skip | Done
-
-
-def round_down(batch: float, multiple: int) -> int:
-    return int(batch // multiple) * multiple
-
-
-def first_batch(config: SearchConfig) -> int:
-    """The start batch, rounded up to the multiple and capped by max_batch."""
-    start = -(-config.start_batch // config.multiple) * config.multiple
-    return min(start, round_down(config.max_batch, config.multiple))
-
-
-def usable_model(config: SearchConfig, outcomes: Sequence[Outcome]) -> MemoryModel | None:
-    """The memory model of the measured trials that ran, if it is good enough to trust.
-
-    Fresh trials at large batches are kept out of the fit and turn the line down when they read
-    below it (memory_fit.split_fresh, turn_to_fresh): reused workers read high.
-    """
-    readings = [(o.batch, o.peak_bytes, o.fresh) for o in outcomes if o.ran and o.measured and o.peak_bytes is not None]
-    rest, fresh = split_fresh(readings)
-    model = _trusted_fit(config, rest) or _trusted_fit(config, [(b, p) for b, p, _ in readings])
-    return None if model is None else turn_to_fresh(model, fresh)
-
-
-def _trusted_fit(config: SearchConfig, points: Sequence[tuple[int, float]]) -> MemoryModel | None:
-    model = fit_memory_model(points)
-    if model is None or model.points < config.min_fit_points or model.r2 < config.min_fit_r2:
-        return None
-    if model.per_sample_bytes <= 0:
-        return None
-    return model
+def usable_model(outcomes: Sequence[Outcome]) -> MemoryModel | None:
+    """The memory model of the measured trials (memory_fit.memory_model_of), if it is trusted."""
+    return memory_model_of(readings_of(outcomes))
 
 
 def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
     """Decide what to do next from every outcome so far (in any order)."""
-    if config.strategy not in ("slow_start", "binsearch", "power"):
-        from edgebatch.probe import baselines  # imports this module: import when needed
-
+    if config.strategy in baselines.BASELINE_STRATEGIES:
         return baselines.next_step(config, outcomes)
     budget = config.budget_bytes
-    cap = round_down(config.max_batch, config.multiple)
+    cap = round_down(config.max_batch_limit, config.multiple)
     if not outcomes:
         return Run(first_batch(config))
 
-    good = [o.batch for o in outcomes if o.fits(budget)]
-    lo = max(good, default=0)
-    # Failures at or below the best fit are noise at the fuzzy boundary (FACTS.md); the interval
-    # is bounded by the first failure above it.
-    failures_above = [o.batch for o in outcomes if not o.fits(budget) and o.batch > lo]
-    hi = min(failures_above, default=None)
-    model = usable_model(config, outcomes) if config.strategy == "slow_start" else None
+    if config.strategy == "slow_start":
+        edge = edge_of(outcomes, budget)
+        lo, hi = edge.lo, edge.hi
+    else:
+        # Lightning's finders as they are: the last fit, and the first failure above it.
+        lo = max((o.batch for o in outcomes if o.fits(budget)), default=0)
+        hi = min((o.batch for o in outcomes if not o.fits(budget) and o.batch > lo), default=None)
+    model = usable_model(outcomes) if config.strategy == "slow_start" else None
 
     if hi is None:
         step = _grow(config, lo, cap, model)
     elif config.strategy == "power" and lo > 0:
         return Done(lo)
     else:
-        over = [o.peak_bytes for o in outcomes if o.batch == hi and o.ran and o.measured and o.peak_bytes is not None]
+        if config.strategy == "slow_start" and config.fresh_endgame and model is not None:
+            confirm = _confirm_above_bump(config, outcomes, hi, cap, model)
+            if confirm is not None:
+                return confirm
+        over = [o.peak_bytes for o in outcomes if o.batch == hi and o.reading]
         step = _bisect(config, lo, hi, model, min(over, default=None))
     if config.strategy == "slow_start" and config.fresh_endgame:
         return _fresh_endgame(step, outcomes, hi, model)
     return step
+
+
+def _confirm_above_bump(
+    config: SearchConfig, outcomes: Sequence[Outcome], hi: int, cap: int, model: MemoryModel
+) -> Run | None:
+    """A fresh trial above the failure `hi` when `hi` is a bump (see the module docstring), else None.
+
+    `hi` is a bump when a fresh worker measured it over budget, the line puts it within the budget,
+    and its reading sits above the line by more than the noise (memory_fit.bump_excess_bytes).
+    The first confirming trial goes to the line's ceiling less one tolerance step (at least one
+    tolerance step above `hi`), when the line puts that within the budget. If there is no such
+    room, or that trial fails and also reads above the line by more than the noise, the line itself
+    is in doubt near the boundary (small_cnn: fresh workers read 1535-1578 MiB at 292-308, a
+    reused one 1450 MiB at 320, against a line through 8, 16 and 32 that puts 320 at 1560 MiB),
+    and one more goes past the widest bump measured (BUMP_WIDTH_FRACTION above `hi`), or to where
+    the line, lowered by the most the bump read above it, puts the ceiling, whichever is higher.
+    After that the bump stands: at most BUMP_CONFIRMATIONS trials per bump.
+    """
+    chain = sorted((o for o in outcomes if o.fresh and o.measured and o.batch >= hi), key=lambda o: o.batch)
+    above = [o for o in chain if o.batch > hi]
+    top = chain[-1] if chain else None
+    if top is None or not top.reading or top.fits(config.budget_bytes) or len(above) >= BUMP_CONFIRMATIONS:
+        return None
+    if bump_excess_bytes(model, readings_of(outcomes), top.batch, top.peak_bytes) <= 0:
+        return None
+    if not above and model.predict_bytes(hi) > config.budget_bytes:
+        return None  # the line itself puts hi over budget: it is the line's ceiling, not a bump
+    step = config.multiple
+    tolerance_step = max(step, round_down(hi * config.tolerance, step))
+    candidate = None
+    if not above:
+        ceiling = model.batch_for_bytes(config.budget_bytes)
+        candidate = max(hi + tolerance_step, round_down(ceiling * (1 - config.tolerance), step))
+        if model.predict_bytes(candidate) > config.budget_bytes:
+            candidate = None  # no room under the line above the bump
+    if candidate is None:
+        deviation = max(o.peak_bytes - model.predict_bytes(o.batch) for o in chain if o.reading)
+        candidate = max(
+            round_down(hi * (1 + BUMP_WIDTH_FRACTION), step),
+            round_down(model.batch_for_bytes(config.budget_bytes + deviation), step),
+        )
+    candidate = min(candidate, cap)
+    return Run(candidate, fresh=True) if candidate >= top.batch + tolerance_step else None
 
 
 def _fresh_endgame(step: Step, outcomes: Sequence[Outcome], hi: int | None, model: MemoryModel | None) -> Step:

@@ -1,11 +1,19 @@
-"""What a finished search means: max, safe and knee batches. Pure: trials in, numbers out."""
+"""What a finished search means: max, safe and knee batches. Pure: trials in, numbers out.
+
+The trials are read through the search's own evidence rule (outcomes.edge_of) and memory model
+(memory_fit.memory_model_of, memory_fit.trusted), so max_batch, safe_batch and the recorded model
+come from one reading of the same outcomes the search decided on: a failure that a fresh worker
+contradicted is in the trials but bounds nothing, and no safe batch lies above a failure that
+counts.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-from edgebatch.probe.memory_fit import fit_memory_model, split_fresh, turn_to_fresh
+from edgebatch.probe import memory_fit
+from edgebatch.probe.outcomes import Edge, Outcome, counted_failures, edge_of
 from edgebatch.profiles.model import MemoryModel, Trial
 
 # Throughput within 5% of the best counts as the plateau (the issue's definition of the knee).
@@ -14,55 +22,86 @@ KNEE_FRACTION = 0.95
 DEVICE_FAILURES = ("oom", "worker_killed")
 
 
+def outcome_of(trial: Trial) -> Outcome:
+    """The search's view of a recorded trial: it ran when it measured a peak (over budget or not)."""
+    return Outcome(
+        batch=trial.batch,
+        ran=trial.measured and trial.peak_bytes is not None,
+        peak_bytes=trial.peak_bytes,
+        measured=trial.measured,
+        fresh=trial.fresh,
+    )
+
+
+def edge_of_trials(trials: Sequence[Trial], budget_bytes: float) -> Edge:
+    return edge_of([outcome_of(t) for t in trials], budget_bytes)
+
+
 def fitting_trials(trials: Sequence[Trial], budget_bytes: float) -> list[Trial]:
     return [t for t in trials if t.ok and t.measured and t.peak_bytes is not None and t.peak_bytes <= budget_bytes]
 
 
+def readings_of(trials: Sequence[Trial]) -> list[memory_fit.Reading]:
+    """(batch, peak, fresh) of every trial that measured a peak, over budget or not."""
+    return [(t.batch, t.peak_bytes, t.fresh) for t in trials if t.measured and t.peak_bytes is not None]
+
+
 def memory_model_of(trials: Sequence[Trial]) -> MemoryModel | None:
-    """The line through the trials that fitted, turned toward the fresh ones (memory_fit.turn_to_fresh)."""
-    readings = [(t.batch, t.peak_bytes, t.fresh) for t in trials if t.ok and t.measured and t.peak_bytes is not None]
-    rest, fresh = split_fresh(readings)
-    model = fit_memory_model(rest) or fit_memory_model([(b, p) for b, p, _ in readings])
-    return None if model is None or model.per_sample_bytes <= 0 else turn_to_fresh(model, fresh)
+    """The search's memory model of these trials (memory_fit.memory_model_of): None when not trusted."""
+    return memory_fit.memory_model_of(readings_of(trials))
 
 
 def max_batch_of(trials: Sequence[Trial], budget_bytes: float) -> int | None:
-    fits = fitting_trials(trials, budget_bytes)
-    return max((t.batch for t in fits), default=None)
+    """The largest fit below every failure that counts (outcomes.edge_of); None when nothing fits."""
+    return edge_of_trials(trials, budget_bytes).lo or None
 
 
 def safe_batch_of(
-    trials: Sequence[Trial], budget_bytes: float, headroom: float, multiple: int, model: MemoryModel | None
+    trials: Sequence[Trial],
+    budget_bytes: float,
+    headroom: float,
+    multiple: int,
+    model: MemoryModel | None,
+    max_batch: int | None = None,
 ) -> int | None:
-    """Largest batch whose peak fits budget x (1 - headroom), never above max_batch.
+    """Largest batch whose peak fits budget x (1 - headroom), never above the edge or `max_batch`.
 
-    With a memory model, every measured fit is an anchor: from its own reading, stepping
+    The edge is max_batch_of's; `max_batch` is the search's answer when one is given (a peer's
+    finder can answer above a failure, the safe batch still stays under it). With a memory model,
+    every fit and every fresh reading is an anchor: from its own reading, stepping
     per_sample_bytes per sample, it says how far the batch can go before the reduced budget; the
-    smallest answer wins. Readings are not monotone in batch (a scout worker's history inflates
-    its peaks, a fresh worker reads lower; FACTS.md: +-40 MiB steps), and the safe batch must
-    respect the worst of them. Without a model, the largest measured trial under the reduced
-    budget.
+    smallest answer wins. Readings are not monotone in batch (a scout worker's history inflates its
+    peaks, a fresh worker reads lower, and a bump a fresh trial above it contradicted still read
+    high; FACTS.md: +-40 MiB steps), and the safe batch must respect the worst of them. Without a
+    model, the largest measured fit under the reduced budget.
 
     When the ceiling is a limit the budget does not see (hidden_limit_edge_of), the headroom is
     also kept below that edge, in samples: its exact place moves by a few percent between
     processes (an address-space cap: 256 ran in the probe's worker and failed in the next fresh
     process), so max_batch is the edge and the safe batch stays clear of it.
+
+    Never below `multiple` while anything fits: the smallest allowed batch is below every failure
+    that counts (the edge is a fit), so no fallback lands above one. None when nothing fits.
     """
     safe_budget = budget_bytes * (1 - headroom)
-    fits = fitting_trials(trials, budget_bytes)
-    if not fits:
+    ceiling = edge_of_trials(trials, budget_bytes).lo
+    if max_batch is not None:
+        ceiling = min(ceiling, max_batch)
+    if ceiling < multiple:
         return None
-    largest = max(t.batch for t in fits)
+    fits = [t for t in fitting_trials(trials, budget_bytes) if t.batch <= ceiling]
     if model is None or model.per_sample_bytes <= 0:
-        safe = max_batch_of(trials, safe_budget)
+        safe = max((t.batch for t in fits if t.peak_bytes <= safe_budget), default=0)
     else:
-        reach = min(t.batch + math.floor((safe_budget - t.peak_bytes) / model.per_sample_bytes) for t in fits)
-        safe = min(reach, largest)
+        anchors = fitting_trials(trials, budget_bytes) + [
+            t for t in trials if t.fresh and t.measured and t.peak_bytes is not None
+        ]
+        safe = min(t.batch + math.floor((safe_budget - t.peak_bytes) / model.per_sample_bytes) for t in anchors)
+    safe = min(safe, ceiling)
     edge = hidden_limit_edge_of(trials, budget_bytes, model)
-    if safe is not None and edge is not None:
+    if edge is not None:
         safe = min(safe, math.floor(edge * (1 - headroom)))
-    safe = None if safe is None else safe // multiple * multiple
-    return safe if safe is not None and safe >= multiple else None
+    return max(safe // multiple * multiple, multiple)
 
 
 def hidden_limit_edge_of(trials: Sequence[Trial], budget_bytes: float, model: MemoryModel | None) -> int | None:
@@ -70,12 +109,16 @@ def hidden_limit_edge_of(trials: Sequence[Trial], budget_bytes: float, model: Me
 
     A failure (OOM raised, worker killed) at a batch the memory model puts within the budget means
     something else binds: an address-space or cgroup limit, another process. Without a model
-    every device failure counts. The edge is the largest fit below the smallest such failure.
+    every device failure counts. Only failures that count (outcomes.counted_failures) are read: a
+    worker killed once at a batch that later fitted in a fresh worker is a transient. The edge is
+    the largest fit below the smallest such failure.
     """
+    outcomes = [outcome_of(t) for t in trials]
+    counted = {o.batch for o in counted_failures(outcomes, budget_bytes)}
     fits = fitting_trials(trials, budget_bytes)
     failed = [
         t.batch for t in trials
-        if not t.ok and t.measured and t.error in DEVICE_FAILURES
+        if not t.ok and t.measured and t.error in DEVICE_FAILURES and t.batch in counted
         and (model is None or model.per_sample_bytes <= 0 or model.predict_bytes(t.batch) <= budget_bytes)
     ]
     if not fits or not failed:

@@ -46,7 +46,7 @@ LIGHTNING_MARGIN = 0.05
 class Scenario:
     name: str
     model: str  # a model spec: built-in name or FILE.py:FUNCTION
-    max_batch: int
+    max_batch_limit: int  # the largest batch a method may try
     headroom_bytes: int | None = None  # address-space cap over the worker's size after setup
     budget_bytes: int | None = None  # plain resident budget (scenarios without a cap)
     search_knows_cap: bool = True  # with a cap: the search's budget is baseline + headroom, else the RAM
@@ -120,11 +120,12 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
             from edgebatch.sensors import read_host_memory
 
             budget = read_host_memory().total_bytes
-        # api.run_probe builds this config before the scout exists and so cannot pass the baseline
-        # (see the report); everything else is what it passes on CPU.
+        # What api.run_probe passes on CPU: a trial fits under the budget less the measurement
+        # margin (api.fit_budget_bytes), for every method alike.
         config = SearchConfig(
-            budget_bytes=budget, start_batch=start_batch, max_batch=scenario.max_batch, strategy=strategy,
-            refuse_predicted_over_budget=True, baseline_bytes=baseline,
+            budget_bytes=api.fit_budget_bytes(budget), start_batch=start_batch,
+            max_batch_limit=scenario.max_batch_limit, strategy=strategy, refuse_predicted_over_budget=True,
+            baseline_bytes=baseline,
         )
         trials, final = api._search(config, setup, workers, "process_peak", lambda line: None)
         found = final.max_batch

@@ -1,0 +1,155 @@
+"""The search's records and the evidence every answer is read from. Pure: no TensorFlow.
+
+search.py (edgebatch's slow start, Lightning's binsearch and power) and baselines.py (the peers'
+finders) both import from here, and summary.py reads a finished probe's trials through the same
+`edge_of`, so the answer a search gives and the profile's max and safe batches come from one
+reading of one set of outcomes.
+
+The evidence rule (`edge_of`): a batch fits when it ran and its peak is within the budget. A
+failure (OOM, worker killed, peak over budget, or a batch the memory model ruled out) counts
+unless a fresh worker contradicts it: a batch at least as large fitted as the first trial of its
+worker. Failures are recorded either way; a contradicted one is a transient (a worker killed once
+at 16 while 334 fitted fresh used to drag the safe batch down to 13) or a bump in a peak that is
+not monotone in batch (search.py). The answer is the largest fit below the smallest counted
+failure: every batch the probe saw fail and nothing contradicted lies above it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edgebatch.errors import UsageError
+
+# The last three are the peers' finders, for benchmarks (baselines.py): Accelerate's shrink-on-OOM
+# (x0.9 now, x0.5 before) and a DeepSpeed-style one-shot estimate.
+STRATEGIES = ("slow_start", "binsearch", "power", "shrink_x0.9", "shrink_x0.5", "one_shot_estimate")
+# The largest batch a search tries unless told otherwise (the CLI's and ProbeRequest's default).
+DEFAULT_MAX_BATCH_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    budget_bytes: int
+    start_batch: int = 8
+    # The largest batch the search may try; the answer (`Done.max_batch`) is at most this.
+    max_batch_limit: int = DEFAULT_MAX_BATCH_LIMIT
+    multiple: int = 1
+    # Stop bisecting when the interval is within 2% of the answer (or one `multiple`).
+    tolerance: float = 0.02
+    strategy: str = "slow_start"
+    # The first jump lands this far under the predicted ceiling: the fit from a few small batches
+    # can be off by a few percent (FACTS.md: +-40 MiB steps), and a jump that overshoots costs a
+    # failed trial at the most expensive batch of the probe.
+    jump_margin: float = 0.04
+    refuse_predicted_over_budget: bool = True
+    # slow_start only: trials after the model is trusted, and the check of the failure above the
+    # answer, run in fresh workers (see search.py).
+    fresh_endgame: bool = True
+    # The worker's memory before any trial batch (same measure as the peaks); only the
+    # one_shot_estimate baseline reads it.
+    baseline_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget_bytes <= 0:
+            raise UsageError(f"memory budget must be positive, got {self.budget_bytes!r} bytes")
+        if self.multiple < 1:
+            raise UsageError(f"--multiple must be >= 1, got {self.multiple!r}")
+        if self.start_batch < 1:
+            raise UsageError(f"--start must be >= 1, got {self.start_batch!r}")
+        if self.max_batch_limit < self.multiple:
+            raise UsageError(
+                f"--max-batch-limit {self.max_batch_limit!r} is below --multiple {self.multiple!r}: no batch is allowed"
+            )
+        if not 0 < self.tolerance < 1:
+            raise UsageError(f"tolerance must be in (0, 1), got {self.tolerance!r}")
+        if self.strategy not in STRATEGIES:
+            raise UsageError(f"unknown search strategy {self.strategy!r}: choose one of {', '.join(STRATEGIES)}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one trial showed. `ran` is False for an OOM (or a worker killed) and for a skip.
+
+    `fresh`: the trial was the first trial batch of its worker process, so nothing kept from
+    earlier trials lifted its reading. `measured` is False for a skip: its peak is the model's
+    prediction.
+    """
+
+    batch: int
+    ran: bool
+    peak_bytes: int | None = None
+    measured: bool = True
+    fresh: bool = False
+
+    def fits(self, budget_bytes: int) -> bool:
+        return self.ran and self.peak_bytes is not None and self.peak_bytes <= budget_bytes
+
+    @property
+    def reading(self) -> bool:
+        """Whether `peak_bytes` is a measured peak (a trial that ran), not a prediction or nothing."""
+        return self.ran and self.measured and self.peak_bytes is not None
+
+
+@dataclass(frozen=True)
+class Run:
+    batch: int
+    fresh: bool = False
+
+
+@dataclass(frozen=True)
+class Skip:
+    batch: int
+    predicted_peak_bytes: int
+
+
+@dataclass(frozen=True)
+class Done:
+    max_batch: int | None
+
+
+Step = Run | Skip | Done
+
+
+@dataclass(frozen=True)
+class Edge:
+    """What the outcomes say about the ceiling (see the module docstring).
+
+    `lo`: the largest fit below every counted failure (0 when none); `hi`: the smallest counted
+    failure (None when none); `counted`: the batches of every counted failure, ascending.
+    """
+
+    lo: int
+    hi: int | None
+    counted: tuple[int, ...]
+
+
+def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: int) -> bool:
+    """Whether a fresh worker fitted `failure`'s batch or a larger one."""
+    return any(o.fresh and o.measured and o.batch >= failure.batch and o.fits(budget_bytes) for o in outcomes)
+
+
+def counted_failures(outcomes: Sequence[Outcome], budget_bytes: int) -> list[Outcome]:
+    """The failures no fresh fit contradicts, smallest batch first."""
+    failed = [o for o in outcomes if not o.fits(budget_bytes)]
+    return sorted((o for o in failed if not contradicted(o, outcomes, budget_bytes)), key=lambda o: o.batch)
+
+
+def edge_of(outcomes: Sequence[Outcome], budget_bytes: int) -> Edge:
+    counted = counted_failures(outcomes, budget_bytes)
+    first_failure = counted[0].batch if counted else None
+    lo = max(
+        (o.batch for o in outcomes if o.fits(budget_bytes) and (first_failure is None or o.batch < first_failure)),
+        default=0,
+    )
+    return Edge(lo=lo, hi=first_failure, counted=tuple(o.batch for o in counted))
+
+
+def round_down(batch: float, multiple: int) -> int:
+    return int(batch // multiple) * multiple
+
+
+def first_batch(config: SearchConfig) -> int:
+    """The start batch, rounded up to the multiple and capped by max_batch_limit."""
+    start = -(-config.start_batch // config.multiple) * config.multiple
+    return min(start, round_down(config.max_batch_limit, config.multiple))
