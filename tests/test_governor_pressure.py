@@ -218,3 +218,37 @@ def test_real_host_sensor_gives_a_pressure():
     observation = PressureReader(sources={"host": read_host_memory}).read()
     assert observation.pressure is not None and 0.0 < observation.pressure <= 1.5
     assert observation.limit_bytes > 0 and observation.used_bytes >= 0
+
+
+def test_a_neighbour_seen_through_the_host_sensor_is_followed_down_and_back_up():
+    # The whole chain: fake host readings -> PressureReader -> Governor.from_profile's CPU model.
+    # The job's RSS stays at its peak (pools keep memory); the neighbour takes 1.5 GiB and leaves.
+    from edgebatch.governor import Governor
+
+    MiB = 1024 * 1024
+    limit, fixed, per_sample = 4096 * MiB, 849 * MiB, 11.6 * MiB
+    profile = SimpleNamespace(safe_batch=128, max_batch=140, measure="process_peak",
+                              memory_model=SimpleNamespace(fixed_bytes=fixed, per_sample_bytes=per_sample))
+    governor = Governor.from_profile(profile, effective_batch=128)
+    clock, state = FakeClock(), {"neighbour": 0, "rss": 0}
+
+    def host_now():
+        used = state["neighbour"] + state["rss"]
+        return host(total=limit, available=limit - used, rss=state["rss"])
+
+    reader = PressureReader(every_n_updates=1, min_interval_seconds=0.0, clock=clock, sources={"host": host_now})
+    sizes, pressures = [], []
+    for update in range(300):
+        state["neighbour"] = 1500 * MiB if 50 <= update < 150 else 0
+        state["rss"] = max(state["rss"], int(fixed + per_sample * governor.decision.micro_batch))
+        assert state["neighbour"] + state["rss"] <= limit, f"out of memory at update {update}"
+        sizes.append(governor.decision.micro_batch)
+        observation = reader.read()
+        pressures.append(observation.pressure)
+        governor.observe(observation)
+    assert sizes[:51] == [128] * 51
+    assert set(sizes[51:151]) == {79}, "down to the model's fit beside the neighbour, no further"
+    assert sizes[-1] == 128 and sizes.index(128, 151) <= 157
+    # the whole device read above the shrink threshold all along the neighbour's stay (our RSS
+    # kept its peak): judged on that, the micro-batch would have been halved every cooldown
+    assert min(pressures[50:150]) > governor.config.shrink_above_pressure

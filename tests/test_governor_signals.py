@@ -190,3 +190,10 @@ def test_psi_pressure_resets_the_calm_streak_even_without_a_reading():
     cfg = config(min_batch=64)
     state, _ = step(cfg, state_at(cfg, 64, calm_streak=3), Observation(pressure=None, psi_some_avg10=20.0))
     assert state.calm_streak == 0
+
+
+def test_psi_shrinks_even_where_the_model_sees_room():
+    cfg = config(fixed_bytes=100 * MiB, per_sample_bytes=1 * MiB)
+    observation = Observation(pressure=0.3, limit_bytes=1000 * MiB, used_bytes=0, psi_some_avg10=25.0)  # fits 700
+    _, decision = step(cfg, state_at(cfg, 64), observation)
+    assert decision.micro_batch == 32 and decision.reason == "psi some_avg10 25.0% >= 10.0%: 64 -> 32 (model fits 700)"
