@@ -99,14 +99,24 @@ def test_elastic_mode_takes_the_governors_effective_batch():
     config = GovernorConfig(ceiling_batch=8, effective_batch=8, mode="elastic", elastic_floor_batch=4,
                             lr_scaling="linear", cooldown_updates=0)
     optimizer = make_optimizer("sgd")
+    rates = []
     report = fit(model, make_dataset(x, y), loss=make_loss(), optimizer=optimizer, effective_batch=8,
-                 governor=Governor(config), pressure_reader=FixedPressure(0.95))
+                 governor=Governor(config), pressure_reader=FixedPressure(0.95),
+                 on_update=lambda record: rates.append(float(optimizer.learning_rate)))
     # 8 examples, then pressure shrinks the micro-batch to 4 (= the floor: no accumulation) and 2
     # (below the floor: 2 x 2 over 4 examples), with the learning rate scaled linearly.
     assert [record.examples for record in report.updates][:3] == [8, 4, 4]
     assert report.updates[2].micro_batches == (2, 2)
     assert report.examples_seen == 30
-    assert float(optimizer.learning_rate) == pytest.approx(0.1 * 4 / 8)
+    assert rates[:3] == pytest.approx([0.1, 0.05, 0.05])
+    # fit puts the base rate back, so a second call scales the tuned rate again, not 0.05.
+    assert float(optimizer.learning_rate) == pytest.approx(0.1)
+    again = []
+    fit(model, make_dataset(x, y), loss=make_loss(), optimizer=optimizer, effective_batch=8,
+        governor=Governor(config), pressure_reader=FixedPressure(0.95),
+        on_update=lambda record: again.append(float(optimizer.learning_rate)))
+    assert again == pytest.approx(rates)
+    assert float(optimizer.learning_rate) == pytest.approx(0.1)
 
 
 def test_oom_at_micro_batch_one_saves_checkpoint_and_resume_finishes_exactly(tmp_path):
@@ -187,11 +197,8 @@ def test_argument_errors(kwargs, message):
         fit(make_model(), make_dataset(x, y), loss=make_loss(), optimizer=make_optimizer("sgd"), **arguments)
 
 
-def test_batched_dataset_and_scalar_loss_are_refused():
+def test_scalar_loss_is_refused():
     x, y = make_data(8)
-    with pytest.raises(UsageError, match="looks batched"):
-        fit(make_model(), make_dataset(x, y).batch(4), loss=make_loss(), optimizer=make_optimizer("sgd"),
-            effective_batch=4)
     with pytest.raises(UsageError, match="scalar"):
         fit(make_model(), make_dataset(x, y), loss=lambda t, p: tf.reduce_mean(p), optimizer=make_optimizer("sgd"),
             effective_batch=4)

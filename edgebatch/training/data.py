@@ -5,16 +5,115 @@ The loop asks for `effective_batch` examples per update; the governor may change
 front. Instead it is read in fixed-size chunks (`dataset.batch(chunk)`, far cheaper than one
 Python iteration per example) into a buffer, and each update takes exactly the next N examples
 from the buffer as numpy arrays, which are then sliced into micro-batches. Example order is the
-dataset's order, so a run is reproducible and resumable by skipping consumed examples.
+dataset's order, so a run is reproducible and resumable by skipping consumed examples
+(`dataset.skip`, which re-reads the epoch up to that point).
+
+A batched dataset (what `model.fit` users have) is unbatched first (`prepare_dataset`). Resuming by
+skipping is only right when every iteration of the dataset yields the same order, so with a
+checkpoint directory `refuse_unreplayable_order` refuses a dataset that shuffles differently each
+iteration or in each process (found in the dataset's graph; a random order made elsewhere, e.g. in
+a Python generator, cannot be seen and is the caller's to keep fixed).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from edgebatch.errors import UsageError
 
-__all__ = ["ExampleBuffer", "check_element_spec", "slice_examples"]
+__all__ = ["ExampleBuffer", "check_element_spec", "prepare_dataset", "refuse_unreplayable_order", "slice_examples"]
+
+
+def _model_input_ranks(model: Any) -> list[int] | None:
+    """Ranks (batch axis included) of the model's inputs, or None when the model does not say."""
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):  # subclassed models without an Input
+        return None
+    if not inputs:
+        return None
+    ranks = [getattr(tensor, "shape", None) for tensor in inputs]
+    if any(shape is None or len(shape) is None for shape in ranks):
+        return None
+    return [len(shape) for shape in ranks]
+
+
+def _looks_batched(spec: Any, model: Any) -> bool:
+    import tensorflow as tf
+
+    x_leaves = [leaf for leaf in tf.nest.flatten(spec[0]) if isinstance(leaf, tf.TensorSpec)]
+    ranks = _model_input_ranks(model)
+    if ranks is not None and len(ranks) == len(x_leaves) and all(leaf.shape.rank is not None for leaf in x_leaves):
+        # The model's input rank counts the batch axis: an element of that rank is a batch.
+        return all(leaf.shape.rank == rank for leaf, rank in zip(x_leaves, ranks))
+    # Without input shapes: a batched dataset's components all start with an unknown (batch)
+    # dimension, and examples that share one size cannot all have an unknown first axis unless
+    # they are variable-length, which cannot be stacked either.
+    leaves = tf.nest.flatten(spec)
+    return all(leaf.shape.rank and leaf.shape[0] is None for leaf in leaves)
+
+
+def prepare_dataset(dataset: Any, model: Any) -> tuple[Any, Any, bool]:
+    """(dataset of single examples, its element spec, whether it was unbatched here).
+
+    A batched dataset is unbatched: fit makes its own micro-batches, and the batches the dataset
+    had do not matter (an update takes `effective_batch` consecutive examples).
+    """
+    spec = check_element_spec(dataset)
+    if not _looks_batched(spec, model):
+        return dataset, spec, False
+    dataset = dataset.unbatch()
+    return dataset, check_element_spec(dataset), True
+
+
+def _graph_nodes(dataset: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """(node, constants of its scope by name) for every node of the dataset's graph and functions."""
+    import tensorflow as tf
+
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    scopes = [list(graph.node)] + [list(function.node_def) for function in graph.library.function]
+    found = []
+    for nodes in scopes:
+        constants = {node.name: node for node in nodes if node.op == "Const"}
+        found.extend((node, constants) for node in nodes)
+    return found
+
+
+def _constant(constants: dict[str, Any], input_name: str) -> int | None:
+    import tensorflow as tf
+
+    # Inputs read "Const/_4" at the top level and "seed:output:0" inside functions.
+    node = constants.get(input_name.lstrip("^").split(":")[0])
+    if node is None:
+        return None
+    return int(tf.make_ndarray(node.attr["value"].tensor))
+
+
+def refuse_unreplayable_order(dataset: Any) -> None:
+    """UsageError when resuming by `skip` cannot replay the dataset's order (checkpoint_dir given).
+
+    `shuffle(..., reshuffle_each_iteration=True)` (tf.data's default) draws a new order for every
+    epoch, and a shuffle without a seed (op seed 0 and no global seed: both graph seeds 0) draws a
+    new order in every process, so skipping the examples a checkpoint consumed would skip other
+    examples than those trained on.
+    """
+    for node, constants in _graph_nodes(dataset):
+        if not node.op.startswith(("ShuffleDataset", "ShuffleAndRepeatDataset")):
+            continue
+        if "reshuffle_each_iteration" in node.attr and node.attr["reshuffle_each_iteration"].b:
+            raise UsageError(
+                "with checkpoint_dir, the dataset must yield the same order each epoch, but it reshuffles each "
+                "iteration (shuffle's reshuffle_each_iteration=True is the default): use "
+                "shuffle(buffer_size, seed=N, reshuffle_each_iteration=False), or leave out checkpoint_dir"
+            )
+        seeds = [_constant(constants, name) for name in node.input[2:4]]
+        if seeds == [0, 0]:
+            raise UsageError(
+                "with checkpoint_dir, the dataset must yield the same order in every process, but it shuffles "
+                "without a seed: use shuffle(buffer_size, seed=N, reshuffle_each_iteration=False)"
+            )
 
 
 def check_element_spec(dataset: Any) -> Any:
@@ -26,18 +125,9 @@ def check_element_spec(dataset: Any) -> Any:
     spec = dataset.element_spec
     if not isinstance(spec, (tuple, list)) or len(spec) != 2:
         raise UsageError(f"dataset elements must be (x, y) pairs, got element_spec {spec!r}")
-    leaves = tf.nest.flatten(spec)
-    for leaf in leaves:
+    for leaf in tf.nest.flatten(spec):
         if not isinstance(leaf, tf.TensorSpec):
             raise UsageError(f"dataset components must be dense tensors, got {leaf!r} in element_spec {spec!r}")
-    # A batched dataset's components all start with an unknown (batch) dimension; examples that
-    # share one size cannot all have an unknown first axis unless they are variable-length, which
-    # cannot be stacked either.
-    if all(leaf.shape.rank and leaf.shape[0] is None for leaf in leaves):
-        raise UsageError(
-            f"dataset looks batched (every component starts with an unknown dimension: {spec!r}); "
-            "fit batches examples itself: pass dataset.unbatch() or unbatched examples"
-        )
     return spec
 
 
@@ -50,7 +140,8 @@ def slice_examples(structure: Any, flat_arrays: list[Any], start: int, size: int
 
 class ExampleBuffer:
     """Reads one epoch of `dataset` (after skipping `skip_examples`) in chunks; `take(n)` returns
-    the next n examples as flat numpy arrays (fewer at the end of the epoch, None when it is over)."""
+    the next n examples as flat numpy arrays (fewer at the end of the epoch, None when it is over).
+    `pop_read_seconds()` returns the time spent waiting for the dataset since it was last called."""
 
     def __init__(self, dataset: Any, skip_examples: int, chunk_examples: int) -> None:
         import tensorflow as tf
@@ -61,17 +152,26 @@ class ExampleBuffer:
         self._chunks: list[list[Any]] = []
         self._buffered = 0
         self._ended = False
+        self._read_seconds = 0.0
+
+    def pop_read_seconds(self) -> float:
+        """Seconds spent waiting for the dataset since the last call (the input part of an update)."""
+        seconds, self._read_seconds = self._read_seconds, 0.0
+        return seconds
 
     def _read_chunk(self) -> bool:
         if self._ended:
             return False
+        import tensorflow as tf
+
+        started = time.perf_counter()
         try:
             chunk = next(self._iterator)
         except StopIteration:
             self._ended = True
             return False
-        import tensorflow as tf
-
+        finally:
+            self._read_seconds += time.perf_counter() - started
         arrays = [tensor.numpy() for tensor in tf.nest.flatten(chunk)]
         self._chunks.append(arrays)
         self._buffered += len(arrays[0])

@@ -4,6 +4,8 @@ In elastic mode the effective batch moves, and the governor says how to scale th
 tuned for the target batch (linear for SGD, sqrt for Adam; FACTS.md). The base rate is read once
 and every scale is applied to it (never to the current, already scaled, value), so scales do not
 compound; a checkpoint stores the base because the optimizer's variable holds the scaled value.
+`restore()` puts the base back when fit returns, so a second fit call (or the user's own loop)
+starts from the tuned rate, not from the last scaled one.
 """
 
 from __future__ import annotations
@@ -51,3 +53,11 @@ class LearningRateScaler:
             return
         self._variable.assign(self.base_learning_rate * scale)
         self._scale = scale
+
+    def restore(self) -> None:
+        """Set the optimizer's rate back to the base (the end of fit, however it ends)."""
+        if not self.enabled:
+            return
+        # Also when no update ran: a restored checkpoint put the scaled rate into the variable.
+        self._variable.assign(self.base_learning_rate)
+        self._scale = None

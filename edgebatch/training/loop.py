@@ -31,20 +31,33 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import time
+import warnings
+import weakref
 from typing import Any, Callable
 
 from edgebatch.errors import TrainingError, UsageError
 from edgebatch.governor import Governor, GovernorConfig, Observation, PressureReader, split_micro_batches
 from edgebatch.training.checkpoints import TrainingCheckpoint
-from edgebatch.training.data import ExampleBuffer, check_element_spec, slice_examples
+from edgebatch.training.data import ExampleBuffer, prepare_dataset, refuse_unreplayable_order, slice_examples
 from edgebatch.training.hard_failure import RunningMarker, take_hard_failure_micro_batch
 from edgebatch.training.injection import injected_oom_plan, next_injected_oom
 from edgebatch.training.learning_rate import LearningRateScaler
 from edgebatch.training.observability import RunLog
 from edgebatch.training.records import FitReport, OomEvent, Progress, UpdateRecord
-from edgebatch.training.steps import AccumulatingSteps, refuse_unsupported_precision
+from edgebatch.training.steps import (
+    AccumulatingSteps,
+    batch_norm_layers,
+    refuse_distribution_strategy,
+    refuse_unsupported_precision,
+)
 
-__all__ = ["fit"]
+__all__ = ["BATCH_NORM_CHOICES", "fit"]
+
+# What fit does with a model that has BatchNormalization layers (see fit's docstring).
+BATCH_NORM_CHOICES = ("allow", "fixed_micro_batch", "refuse")
+
+# Models already warned about BatchNormalization (once per model, not per fit call).
+_warned_batch_norm: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 # Examples read from the dataset per chunk: big enough that tf.data's per-element overhead is
 # amortised, small enough that the buffer stays near one update's worth of examples.
@@ -55,8 +68,8 @@ def fit(
     model: Any,
     dataset: Any,
     *,
-    loss: Any,
-    optimizer: Any,
+    loss: Any = None,
+    optimizer: Any = None,
     effective_batch: int,
     governor: Governor | None = None,
     epochs: int = 1,
@@ -68,25 +81,44 @@ def fit(
     max_updates: int | None = None,
     max_checkpoints_to_keep: int = 3,
     on_update: Callable[[UpdateRecord], None] | None = None,
+    callbacks: Any = None,
+    batch_norm: str = "allow",
 ) -> FitReport:
     """Train `model` on `dataset` with governor-sized micro-batches and gradient accumulation.
 
-    `dataset`: tf.data.Dataset of unbatched (x, y) examples, consumed in order; each update takes
-    `effective_batch` consecutive examples (the governor's decision.effective_batch in elastic
-    mode; the last update of an epoch may take fewer). `loss`: a Keras loss object (its reduction
-    is replaced by the exact mean over the update) or a callable returning per-example losses.
+    `dataset`: tf.data.Dataset of (x, y) examples, consumed in order; a batched one (elements of
+    the model's input rank) is unbatched first. Each update takes `effective_batch` consecutive
+    examples (the governor's decision.effective_batch in elastic mode; the last update of an epoch
+    may take fewer). `loss`: a Keras loss object (its reduction is replaced by the exact mean over
+    the update), a loss name, or a callable returning per-example losses; `optimizer`: a Keras
+    optimizer. Both default to what `model.compile` set.
     `governor`: defaults to Governor(GovernorConfig(ceiling_batch=effective_batch,
     effective_batch=effective_batch)); it is used as given (not reset) unless a checkpoint restores
     it. `pressure_reader`: read once per update (it rate-limits itself); without one the governor
     only reacts to OOMs and slow steps. `checkpoint_dir`: resume from / save to it, every
-    `checkpoint_every_updates` updates and at the end. `max_updates`: stop after this many updates
-    in total. `on_update(record)` is called after every update (progress printing, test hooks).
+    `checkpoint_every_updates` updates and at the end; the dataset must then yield the same order
+    every epoch and in every process (a reshuffling or unseeded shuffle is refused).
+    `max_updates`: stop after this many updates in total. `on_update(record)` is called after
+    every update (progress printing, test hooks). `callbacks`: Keras callbacks (or a CallbackList)
+    of the model's Keras, driven like model.fit drives them, one "batch" per optimizer update with
+    logs {"loss": ...}; one that sets `model.stop_training` stops fit after that update.
+    `batch_norm`: BatchNormalization normalizes each micro-batch by its own statistics, so with
+    it the split changes the result. "allow" (default) trains anyway and warns once per model;
+    "fixed_micro_batch" keeps the governor's starting micro-batch (it shrinks only on an OOM; no
+    pressure or slow-step change), so the statistics are those of a fixed, known batch size;
+    "refuse" raises UsageError. The FitReport says which layers and what exactness held.
+    The optimizer's base learning rate is put back when fit returns (elastic mode scales it).
     TensorBoard scalars go to `log_dir`, one JSON line per update to `decision_log`
     (observability.py). Returns a FitReport of this call.
     """
     _check_arguments(effective_batch, epochs, checkpoint_dir, checkpoint_every_updates, max_updates,
-                     max_checkpoints_to_keep, on_update)
-    element_spec = check_element_spec(dataset)
+                     max_checkpoints_to_keep, on_update, batch_norm)
+    refuse_distribution_strategy(model)
+    loss, optimizer = _compiled_defaults(model, loss, optimizer)
+    dataset, element_spec, unbatched = prepare_dataset(dataset, model)
+    if checkpoint_dir is not None:
+        refuse_unreplayable_order(dataset)
+    normalizers = _check_batch_norm(model, batch_norm)
     if governor is None:
         governor = Governor(GovernorConfig(ceiling_batch=effective_batch, effective_batch=effective_batch))
     elif not isinstance(governor, Governor):
@@ -104,13 +136,18 @@ def fit(
         governor=governor, epochs=epochs, checkpoint_dir=checkpoint_dir,
         checkpoint_every_updates=checkpoint_every_updates, max_checkpoints_to_keep=max_checkpoints_to_keep,
         pressure_reader=pressure_reader, max_updates=max_updates, on_update=on_update,
-        run_log=RunLog(log_dir, decision_log),
+        run_log=RunLog(log_dir, decision_log), callbacks=_callback_list(model, callbacks, epochs),
+        fixed_micro_batch=batch_norm == "fixed_micro_batch",
     )
+    loop.report.batch_norm_layers = normalizers
+    loop.report.batch_norm = batch_norm
+    loop.report.exactness = "micro_batch_statistics" if normalizers else "exact"
+    loop.report.unbatched_input = unbatched
     return loop.run()
 
 
 def _check_arguments(effective_batch, epochs, checkpoint_dir, checkpoint_every_updates, max_updates,
-                     max_checkpoints_to_keep, on_update) -> None:
+                     max_checkpoints_to_keep, on_update, batch_norm) -> None:
     for name, value, optional in (
         ("effective_batch", effective_batch, False),
         ("epochs", epochs, False),
@@ -126,6 +163,84 @@ def _check_arguments(effective_batch, epochs, checkpoint_dir, checkpoint_every_u
         raise UsageError(f"checkpoint_every_updates={checkpoint_every_updates!r} needs a checkpoint_dir")
     if on_update is not None and not callable(on_update):
         raise UsageError(f"on_update must be callable, got {on_update!r}")
+    if batch_norm not in BATCH_NORM_CHOICES:
+        raise UsageError(f"batch_norm must be one of {', '.join(BATCH_NORM_CHOICES)}, got {batch_norm!r}")
+
+
+def _keras_world(model: Any) -> Any:
+    """The Keras module (Keras 3 or tf_keras) the model belongs to."""
+    import sys
+
+    import keras
+
+    tf_keras = sys.modules.get("tf_keras")  # a tf_keras model means tf_keras is already imported
+    if tf_keras is not None and isinstance(model, tf_keras.Model):
+        return tf_keras
+    return keras
+
+
+def _compiled_defaults(model: Any, loss: Any, optimizer: Any) -> tuple[Any, Any]:
+    """(loss, optimizer): the given ones, else what `model.compile` set; loss names resolved."""
+    if loss is None:
+        loss = getattr(model, "loss", None)
+        if loss is None or loss == {}:  # Keras 3 keeps {} for a model compiled without a loss
+            raise UsageError(
+                f"fit needs loss=... or a model compiled with a loss, got neither for model {getattr(model, 'name', model)!r}"
+            )
+    if isinstance(loss, (list, tuple, dict)):
+        raise UsageError(f"fit supports one loss for a single-output model, got {loss!r}")
+    if isinstance(loss, str):
+        try:
+            loss = _keras_world(model).losses.get(loss)
+        except ValueError as exc:
+            raise UsageError(f"unknown loss name {loss!r}: pass a Keras loss object") from exc
+    if optimizer is None:
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None:
+            raise UsageError(
+                f"fit needs optimizer=... or a compiled model, got neither for model {getattr(model, 'name', model)!r}"
+            )
+    return loss, optimizer
+
+
+def _check_batch_norm(model: Any, batch_norm: str) -> list[str]:
+    """The model's BatchNormalization layer names; refuse or warn (once per model) per `batch_norm`."""
+    names = batch_norm_layers(model)
+    if not names:
+        return names
+    if batch_norm == "refuse":
+        raise UsageError(
+            f"model has BatchNormalization layers {names!r}, which normalize each micro-batch by its own "
+            "statistics (the split changes the result): pass batch_norm='fixed_micro_batch' or 'allow'"
+        )
+    if batch_norm == "allow" and model not in _warned_batch_norm:
+        _warned_batch_norm.add(model)
+        warnings.warn(
+            f"edgebatch fit: BatchNormalization layers {names!r} normalize each micro-batch by its own statistics, "
+            "so updates equal whole-batch ones only up to those statistics and change with the governor's "
+            "micro-batch; pass batch_norm='fixed_micro_batch' to keep the micro-batch fixed",
+            stacklevel=3,
+        )
+    return names
+
+
+def _callback_list(model: Any, callbacks: Any, epochs: int) -> Any:
+    """A Keras CallbackList for `callbacks` (None when there are none)."""
+    if callbacks is None:
+        return None
+    world = _keras_world(model)
+    if isinstance(callbacks, world.callbacks.CallbackList):
+        return callbacks
+    if isinstance(callbacks, world.callbacks.Callback):
+        callbacks = [callbacks]
+    callbacks = list(callbacks)
+    for callback in callbacks:
+        if not isinstance(callback, world.callbacks.Callback):
+            raise UsageError(f"callbacks must be {world.__name__}.callbacks.Callback objects, got {callback!r}")
+    if not callbacks:
+        return None
+    return world.callbacks.CallbackList(callbacks, add_history=False, add_progbar=False, model=model,
+                                        epochs=epochs, verbose=0)
 
 
 def _build_optimizer(optimizer: Any, variables: list) -> None:
@@ -142,7 +257,8 @@ class _GovernedLoop:
 
     def __init__(self, *, model, dataset, element_spec, loss, optimizer, governor, epochs, checkpoint_dir,
                  checkpoint_every_updates, max_checkpoints_to_keep, pressure_reader, max_updates, on_update,
-                 run_log) -> None:
+                 run_log, callbacks, fixed_micro_batch) -> None:
+        self.model = model
         self.dataset = dataset
         self.element_spec = element_spec
         self.governor = governor
@@ -152,6 +268,11 @@ class _GovernedLoop:
         self.max_updates = max_updates
         self.on_update = on_update
         self.log = run_log
+        self.callbacks = callbacks
+        self.fixed_micro_batch = fixed_micro_batch
+        self.epoch_loss_sum = 0.0  # this call's loss x examples in the current epoch (callback logs)
+        self.epoch_examples = 0
+        self.batch_in_epoch = 0
         self.chunk_examples = max(1, min(MAX_READ_CHUNK_EXAMPLES, governor.config.effective_batch))
         self.checkpoint = (
             TrainingCheckpoint(checkpoint_dir, model, optimizer, max_checkpoints_to_keep) if checkpoint_dir else None
@@ -178,14 +299,26 @@ class _GovernedLoop:
     def run(self) -> FitReport:
         started = time.perf_counter()
         try:
+            if self.callbacks is not None:
+                self.model.stop_training = False
+                self.callbacks.on_train_begin()
             while self.progress.epoch < self.epochs:
                 buffer = ExampleBuffer(self.dataset, self.progress.examples_in_epoch, self.chunk_examples)
-                if not self._train_epoch(buffer):
+                self._begin_epoch()
+                stopped = self._train_epoch(buffer)
+                if stopped == "max_updates":
                     self.report.stopped_by_max_updates = True
+                    break
+                if stopped == "callback" or self._stop_requested():  # e.g. EarlyStopping at on_epoch_end
+                    self.report.stopped_by_callback = True
                     break
             if self.checkpoint is not None and self.saved_progress != self.progress:
                 self._save()
+            if self.callbacks is not None:
+                last = self.report.updates[-1].loss if self.report.updates else None
+                self.callbacks.on_train_end(None if last is None else {"loss": last})
         finally:
+            self.scaler.restore()
             self.log.close()
             self.report.seconds = time.perf_counter() - started
             self.report.decisions = [dict(entry) for entry in self.governor.history[self.history_start :]]
@@ -193,24 +326,44 @@ class _GovernedLoop:
             self.report.final_progress = self.progress
         return self.report
 
-    def _train_epoch(self, buffer: ExampleBuffer) -> bool:
-        """Run the rest of the current epoch; False when max_updates stopped it first."""
+    def _train_epoch(self, buffer: ExampleBuffer) -> str | None:
+        """Run the rest of the current epoch; "max_updates" or "callback" when that stopped it first."""
         while True:
             if buffer.at_end():  # only when nothing was left at the epoch's start (resumed at its end)
                 self._finish_epoch()
-                return True
+                return None
             if self.max_updates is not None and self.progress.updates >= self.max_updates:
-                return False
+                return "max_updates"
             self._run_update(buffer)
             ended = buffer.at_end()
+            stop = self._stop_requested()
             if ended:
                 self._finish_epoch()
+            elif stop:
+                self._end_epoch_callbacks(self.progress.epoch)  # as model.fit does when stopped mid-epoch
             if self.every is not None and self.progress.updates % self.every == 0:
                 self._save()
+            if stop:
+                return "callback"
             if ended:
-                return True
+                return None
+
+    def _stop_requested(self) -> bool:
+        """A callback set model.stop_training (checked after each update and each epoch, as model.fit does)."""
+        return self.callbacks is not None and bool(getattr(self.model, "stop_training", False))
+
+    def _begin_epoch(self) -> None:
+        self.epoch_loss_sum, self.epoch_examples, self.batch_in_epoch = 0.0, 0, 0
+        if self.callbacks is not None:
+            self.callbacks.on_epoch_begin(self.progress.epoch)
+
+    def _end_epoch_callbacks(self, epoch: int) -> None:
+        if self.callbacks is not None:
+            logs = {"loss": self.epoch_loss_sum / self.epoch_examples} if self.epoch_examples else {}
+            self.callbacks.on_epoch_end(epoch, logs)
 
     def _finish_epoch(self) -> None:
+        self._end_epoch_callbacks(self.progress.epoch)
         self.progress = dataclasses.replace(self.progress, epoch=self.progress.epoch + 1, examples_in_epoch=0)
         self.report.epochs_completed += 1
 
@@ -221,9 +374,14 @@ class _GovernedLoop:
         return path
 
     def _run_update(self, buffer: ExampleBuffer) -> None:
-        started = time.perf_counter()
         decision = self.governor.decision
+        if self.callbacks is not None:
+            self.callbacks.on_train_batch_begin(self.batch_in_epoch)
         flat_examples, examples = buffer.take(decision.effective_batch)
+        # The wait for examples (this take, and the read-ahead since the last update) is not step
+        # time: a slow input pipeline must not look like memory pressure to the governor.
+        input_seconds = buffer.pop_read_seconds()
+        started = time.perf_counter()
         self.scaler.apply(decision.lr_scale)
         sizes, loss_sums, ooms = self._accumulate(flat_examples, examples)
         import tensorflow as tf
@@ -236,14 +394,19 @@ class _GovernedLoop:
             message = f"the optimizer update {self.progress.updates + 1} ran out of memory: {_first_line(exc)}"
             self.log.write_error(message, update=self.progress.updates + 1)
             raise TrainingError(message) from exc
-        loss_mean = float(tf.add_n(loss_sums)) / examples  # one host sync per update
-        seconds = time.perf_counter() - started
+        loss_mean = float(tf.add_n(loss_sums)) / examples  # one host sync per update: the step is done
+        step_seconds = time.perf_counter() - started
+        seconds = input_seconds + step_seconds
         observation = self.reader.read() if self.reader is not None else Observation(pressure=None)
         # An update that hit an OOM spent ~10 s failing (FACTS.md): its time says nothing about speed.
         observation = dataclasses.replace(
-            observation, oom=False, step_seconds=None if ooms else seconds, micro_batch=max(sizes)
+            observation, oom=False, step_seconds=None if ooms else step_seconds, micro_batch=max(sizes)
         )
-        after = self.governor.observe(observation)
+        if self.fixed_micro_batch:
+            # batch_norm="fixed_micro_batch": no reading may move the micro-batch (only on_oom does).
+            after = self.governor.observe(Observation(pressure=None, oom=False, micro_batch=max(sizes)))
+        else:
+            after = self.governor.observe(observation)
         self.progress = Progress(
             epoch=self.progress.epoch,
             examples_in_epoch=self.progress.examples_in_epoch + examples,
@@ -257,11 +420,16 @@ class _GovernedLoop:
             samples_per_second=examples / seconds if seconds > 0 else float("inf"),
             oom_events=len(ooms), changed=after.changed, reason=after.reason,
             next_micro_batch=after.micro_batch, next_effective_batch=after.effective_batch,
-            lr_scale=decision.lr_scale,
+            lr_scale=decision.lr_scale, step_seconds=step_seconds, input_seconds=input_seconds,
         )
         self.report.updates.append(record)
         self.report.examples_seen += examples
         self.log.write_update(record, ooms)
+        self.epoch_loss_sum += loss_mean * examples
+        self.epoch_examples += examples
+        if self.callbacks is not None:
+            self.callbacks.on_train_batch_end(self.batch_in_epoch, {"loss": loss_mean})
+        self.batch_in_epoch += 1
         if self.on_update is not None:
             self.on_update(record)
 

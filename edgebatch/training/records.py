@@ -72,6 +72,8 @@ class UpdateRecord:
     next_micro_batch: int
     next_effective_batch: int
     lr_scale: float
+    step_seconds: float = 0.0
+    input_seconds: float = 0.0
 
     @property
     def accumulation_steps(self) -> int:
@@ -99,7 +101,15 @@ class FitReport:
     history entries (changes, OOM shrinks) made during this call; `traces` counts how often each
     tf.function was traced (1 each when changing the micro-batch did not retrace); `checkpoints`
     lists the checkpoint paths written; `stopped_by_max_updates` is True when `max_updates` ended
-    the run before `epochs` did.
+    the run before `epochs` did; `stopped_by_callback` is True when a callback set
+    `model.stop_training`.
+
+    Exactness. `exactness` is "exact" when every update's gradient equals one over the whole
+    effective batch whatever the micro-batch split; "micro_batch_statistics" when the model has
+    BatchNormalization layers (`batch_norm_layers`, their names): those normalize each micro-batch
+    by its own statistics, so an update then equals the plain loop only when the micro-batch is the
+    whole effective batch. `batch_norm` is the fit option that applied ("allow" or
+    "fixed_micro_batch"). `unbatched_input` is True when fit unbatched a batched dataset.
     """
 
     updates: list[UpdateRecord] = field(default_factory=list)
@@ -113,6 +123,11 @@ class FitReport:
     final_progress: Progress = field(default_factory=Progress)
     checkpoints: list[str] = field(default_factory=list)
     stopped_by_max_updates: bool = False
+    stopped_by_callback: bool = False
+    exactness: str = "exact"
+    batch_norm_layers: list[str] = field(default_factory=list)
+    batch_norm: str = "allow"
+    unbatched_input: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy of the report."""
@@ -128,4 +143,9 @@ class FitReport:
             "final_progress": asdict(self.final_progress),
             "checkpoints": list(self.checkpoints),
             "stopped_by_max_updates": self.stopped_by_max_updates,
+            "stopped_by_callback": self.stopped_by_callback,
+            "exactness": self.exactness,
+            "batch_norm_layers": list(self.batch_norm_layers),
+            "batch_norm": self.batch_norm,
+            "unbatched_input": self.unbatched_input,
         }

@@ -30,7 +30,17 @@ from typing import Any, Callable
 
 from edgebatch.errors import UsageError
 
-__all__ = ["AccumulatingSteps", "per_example_loss", "refuse_unsupported_precision"]
+__all__ = [
+    "AccumulatingSteps",
+    "batch_norm_layers",
+    "per_example_loss",
+    "refuse_distribution_strategy",
+    "refuse_unsupported_precision",
+]
+
+# Class names (anywhere in a layer's MRO) of layers that normalize by batch statistics in training:
+# Keras 3, tf_keras (BatchNormalizationBase, SyncBatchNormalization) and subclasses of either.
+_BATCH_NORM_CLASS_NAMES = frozenset({"BatchNormalization", "BatchNormalizationBase", "SyncBatchNormalization"})
 
 
 def per_example_loss(loss: Any) -> Callable[[Any, Any], Any]:
@@ -53,6 +63,42 @@ def per_example_loss(loss: Any) -> Callable[[Any, Any], Any]:
     return loss
 
 
+def _all_layers(model: Any) -> list:
+    """The model and every layer inside it, nested models included (Keras 3 and tf_keras)."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if callable(flatten):
+        return list(flatten(include_self=True, recursive=True))
+    return [model]
+
+
+def batch_norm_layers(model: Any) -> list[str]:
+    """Names of the layers (nested models included) that normalize by batch statistics."""
+    return [
+        getattr(layer, "name", type(layer).__name__)
+        for layer in _all_layers(model)
+        if any(cls.__name__ in _BATCH_NORM_CLASS_NAMES for cls in type(layer).__mro__)
+    ]
+
+
+def refuse_distribution_strategy(model: Any) -> None:
+    """UsageError when a tf.distribute strategy (other than the default) is active or built the model.
+
+    fit runs every micro-step on one device with plain accumulator variables; under a strategy it
+    would silently train one replica (or fail deep inside a replica context).
+    """
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    # Keras 3 records the strategy a model was built under in `_distribute_strategy`, tf_keras in
+    # `_distribution_strategy`: calling fit outside the scope does not make its variables local.
+    strategy = strategy or getattr(model, "_distribute_strategy", None) or getattr(model, "_distribution_strategy", None)
+    if strategy is not None:
+        raise UsageError(
+            f"edgebatch.training.fit does not support tf.distribute strategies yet, got {type(strategy).__name__}: "
+            "build the model and call fit outside any strategy.scope() (one device)"
+        )
+
+
 def refuse_unsupported_precision(model: Any, optimizer: Any) -> None:
     """UsageError for float16 mixed precision, which fit does not support yet.
 
@@ -61,11 +107,7 @@ def refuse_unsupported_precision(model: Any, optimizer: Any) -> None:
     (keras_integration.py) supports it because there the loss-scale optimizer sees whole batches.
     mixed_bfloat16 needs no loss scaling and works.
     """
-    layers = [model]
-    flatten = getattr(model, "_flatten_layers", None)
-    if callable(flatten):
-        layers = list(flatten(include_self=True, recursive=True))
-    for layer in layers:
+    for layer in _all_layers(model):
         policy = getattr(layer, "dtype_policy", None)
         if getattr(policy, "name", None) == "mixed_float16":
             raise UsageError(
