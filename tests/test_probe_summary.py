@@ -3,14 +3,18 @@
 import pytest
 
 from edgebatch.probe import summary
+from edgebatch.probe.search import Done, Outcome, Run, SearchConfig, Skip, next_step
 from edgebatch.profiles import MemoryModel, Trial
 
 MIB = 1024**2
 
 
-def trial(batch, peak_mib, rate=None, ok=True, error=None, measured=True):
-    return Trial(batch, ok, error, None if peak_mib is None else int(peak_mib * MIB), None, None,
-                 None if rate is None else batch / rate, rate, measured)
+def trial(batch, peak_mib, rate=None, ok=True, error=None, measured=True, fresh=False):
+    return Trial(
+        batch=batch, ok=ok, error=error, peak_bytes=None if peak_mib is None else int(peak_mib * MIB),
+        process_peak_bytes=None, allocator_peak_bytes=None, step_seconds=None if rate is None else batch / rate,
+        samples_per_second=rate, measured=measured, fresh=fresh,
+    )
 
 
 TRIALS = [
@@ -99,3 +103,90 @@ def test_failures_the_budget_explains_leave_the_safe_batch_to_the_budget():
     assert summary.hidden_limit_edge_of(over_budget_only, CAP_BUDGET, model) is None
     # A failure below every fit has no edge under it.
     assert summary.hidden_limit_edge_of([trial(8, None, ok=False, error="oom"), trial(16, 900)], BUDGET, model) is None
+
+
+# --- One edge: the profile reads the trials by the search's rule (outcomes.edge_of) ---
+
+# The transient: a worker killed once at 16 (the scout's second trial), 16 and up to 334
+# fitted later in fresh workers. The old summary took 16 for a hidden limit: max 334, safe 13.
+LINE_MIB = (740, 2.5)
+TRANSIENT = [
+    trial(8, 760, fresh=True),
+    trial(16, None, ok=False, error="worker_killed"),
+    trial(12, 770, fresh=True),
+    trial(14, 775),
+    trial(15, 777.5),
+    trial(16, 780, fresh=True),
+    trial(32, 820),
+    trial(300, 1490, fresh=True),
+    trial(334, 1575, fresh=True),
+]
+LINE_BUDGET = 1600 * MIB
+
+
+def test_a_failure_a_fresh_fit_contradicts_is_recorded_but_does_not_count():
+    model = summary.memory_model_of(TRANSIENT)
+    assert summary.max_batch_of(TRANSIENT, LINE_BUDGET) == 334
+    assert summary.hidden_limit_edge_of(TRANSIENT, LINE_BUDGET, model) is None
+    # 0.9 x 1600 MiB = 1440 MiB on the line 740 + 2.5 x batch: 280.
+    assert summary.safe_batch_of(TRANSIENT, LINE_BUDGET, 0.10, 1, model, max_batch=334) == 280
+    # Without the fresh fits at and above 16, the same death counts: it is the edge.
+    uncontradicted = [t for t in TRANSIENT if t.batch < 16 or t.error]
+    assert summary.max_batch_of(uncontradicted, LINE_BUDGET) == 15
+    assert summary.safe_batch_of(uncontradicted, LINE_BUDGET, 0.10, 1, None) == 13
+
+
+def test_the_safe_batch_never_lands_above_a_failure_that_counts():
+    # A peer's finder can answer past a failure (binsearch: 334 with an OOM at 200 no fresh fit
+    # contradicts); 0.9 x its answer (300) would land above the OOM. The safe batch stays under it.
+    trials = [trial(8, 760, fresh=True), trial(16, 780), trial(32, 820), trial(150, 1115), trial(200, None, ok=False,
+              error="oom", fresh=True), trial(334, 1575)]
+    model = summary.memory_model_of(trials)
+    safe = summary.safe_batch_of(trials, LINE_BUDGET, 0.10, 1, model, max_batch=334)
+    assert safe <= 150 * 0.9  # the edge (150), less the headroom: the OOM is a limit the budget does not see
+    # When nothing but the smallest allowed batch is under the reduced budget, that is the answer:
+    # no fallback of 0.9 x max_batch.
+    heavy = [trial(8, 1400, fresh=True), trial(16, 1420), trial(32, 1460), trial(64, 1540)]
+    assert summary.safe_batch_of(heavy, LINE_BUDGET, 0.5, 8, summary.memory_model_of(heavy), max_batch=64) == 8
+
+
+def test_a_bump_a_fresh_fit_contradicted_still_holds_the_safe_batch_down():
+    # 300 read 60 MiB above the line in a fresh worker, 320 then fitted fresh: 300 no longer bounds
+    # max_batch, but its reading is an anchor for the safe batch (0.9 x 1600 MiB = 1440 MiB):
+    # 300 - (1550 - 1440) / 2.5 = 256, where the line alone says 280.
+    trials = [trial(8, 760, fresh=True), trial(16, 780), trial(32, 820),
+              trial(300, 1550, ok=False, error="over_budget", fresh=True), trial(320, 1540, fresh=True)]
+    budget = 1545 * MIB
+    model = summary.memory_model_of(trials)
+    assert summary.max_batch_of(trials, budget) == 320
+    assert summary.safe_batch_of(trials, budget, 1 - 1440 / 1545, 1, model, max_batch=320) == 256
+
+
+def test_the_profile_edge_is_the_search_answer_on_the_same_outcomes():
+    # Drive the search on a device with a bump, record the trials as api._search does, and read
+    # them back: max_batch_of gives the search's own answer.
+    def peak(batch):
+        return (740 + 2.5 * batch + (80 if 295 <= batch <= 306 else 0)) * MIB
+
+    config = SearchConfig(budget_bytes=1536 * MIB)
+    outcomes, trials = [], []
+    for _ in range(50):
+        step = next_step(config, outcomes)
+        if isinstance(step, Done):
+            break
+        if isinstance(step, Skip):
+            outcomes.append(Outcome(step.batch, ran=False, peak_bytes=step.predicted_peak_bytes, measured=False))
+            trials.append(trial(step.batch, step.predicted_peak_bytes / MIB, ok=False,
+                                error="predicted_over_budget", measured=False))
+            continue
+        assert isinstance(step, Run)
+        fresh = step.fresh or not outcomes
+        reading = int(peak(step.batch))
+        outcomes.append(Outcome(step.batch, ran=True, peak_bytes=reading, fresh=fresh))
+        fits = reading <= config.budget_bytes
+        trials.append(trial(step.batch, reading / MIB, ok=fits, error=None if fits else "over_budget", fresh=fresh))
+    assert step.max_batch is not None and step.max_batch > 306
+    assert summary.max_batch_of(trials, config.budget_bytes) == step.max_batch
+    model = summary.memory_model_of(trials)
+    # The line alone puts the safe batch at 256 (0.9 x 1536 MiB); the bump's readings hold it lower.
+    assert summary.safe_batch_of(trials, config.budget_bytes, 0.10, 1, model, step.max_batch) < 256

@@ -36,12 +36,14 @@ from edgebatch.profiles import (
 from edgebatch.units import format_bytes
 from edgebatch.zoo import OPTIMIZERS, PRECISIONS, parse_model_spec
 
-# A trial fits when its peak is at most 99% of the budget: max_batch must run in any fresh
-# process, not just in the one that measured it, and settled peaks of the same batch differ
-# between fresh processes by up to 0.9% (small_cnn at 320: 1436, 1442 and 1449 MiB in three
-# processes; dense_wide at 300: 1327 and 1334 MiB). Before trials ran until the peak settled, 3-4
-# step readings were 3% low and this margin was 2%.
-MEASUREMENT_MARGIN = 0.01
+# A trial fits when its peak is at most 97.5% of the budget: max_batch must run in any fresh
+# process, not just in the worker that measured it, and the same batch reads differently from one
+# process to the next, more between runs at different times than back to back. small_cnn at 337:
+# at most 1,594.5 MB in the probe worker that answered it, then 1,617.6 MB in a fresh process
+# (1.45% more; with a 1% margin tests/test_probe_real.py failed 2 runs in 5); back to back, four
+# workers read 1,608.1-1,608.7 MB and four fresh processes 1,595.6-1,595.9 MB. 2.5% covers the
+# widest spread seen with 1% to spare (memory_fit.PEAK_SPREAD_FRACTION: the same spread, for bumps).
+MEASUREMENT_MARGIN = 0.025
 
 
 def fit_budget_bytes(budget_bytes: int) -> int:
