@@ -95,6 +95,7 @@ def test_profile_is_coherent(small_cnn_profile):
     assert all(t.peak_bytes <= SMALL_CNN_BUDGET for t in fitted)
     assert max(t.batch for t in fitted) == profile.max_batch
     assert profile.throughput_knee in {t.batch for t in fitted}
+    assert all(t.steady for t in fitted), "small_cnn's steps take well under trial_seconds: steady timings"
 
 
 def test_slow_start_needs_fewer_trials_than_plain_doubling_and_bisection(small_cnn_profile, tmp_path):
@@ -152,3 +153,11 @@ def test_real_ooms_under_an_address_space_cap_are_survived_and_the_answer_runs(t
     above = int(found / 0.93) + 1
     ok_above, _ = fits(DENSE_WIDE, above, 16 * 1024 * MIB, headroom)
     assert not ok_above, f"{above} (found / 0.93) still runs under the cap: the probe stopped too low"
+
+
+def test_trials_that_time_only_their_warm_up_step_are_marked_and_give_no_knee(tmp_path):
+    # trial_seconds far below one step: every trial's timing is its warm-up step.
+    profile = probe("mlp", device="CPU:0", max_batch_limit=32, trial_seconds=1e-4, profiles_dir=tmp_path, save=False)
+    ran = [t for t in profile.trials if t.measured and t.peak_bytes is not None]
+    assert ran and all(t.steady is False for t in ran), [(t.batch, t.steady) for t in ran]
+    assert profile.throughput_knee is None

@@ -1,5 +1,7 @@
 """max/safe/knee from trial tables: pure, no TensorFlow."""
 
+import dataclasses
+
 import pytest
 
 from edgebatch.probe import summary
@@ -36,6 +38,17 @@ def test_max_batch_is_the_largest_measured_fit():
 def test_knee_is_the_smallest_batch_within_5_percent_of_the_best_rate():
     assert summary.throughput_knee_of(TRIALS, BUDGET) == 32  # 97 >= 95 but 64 > 32
     assert summary.throughput_knee_of([trial(8, 800, 100), trial(16, 900, 96)], BUDGET) == 8
+
+
+def test_knee_leaves_out_trials_that_timed_their_warm_up_step():
+    # A trial whose one timed step was its warm-up step (steady=False) says nothing about the
+    # plateau, whichever way it errs: here it would be the best rate and move the knee to 1248.
+    steady = [trial(32, 800, 100), trial(256, 1000, 126), trial(1024, 1500, 125)]
+    warm_up = dataclasses.replace(trial(1248, 1700, 140), steady=False)
+    assert summary.throughput_knee_of([*steady, dataclasses.replace(warm_up, steady=True)], BUDGET * 10) == 1248
+    assert summary.throughput_knee_of([*steady, warm_up], BUDGET * 10) == 256
+    # Every fit timed its warm-up: no steady figure, no knee.
+    assert summary.throughput_knee_of([warm_up], BUDGET * 10) is None
 
 
 def test_memory_model_uses_every_trial_that_ran_including_over_budget():

@@ -300,6 +300,7 @@ def _trial_from_reply(reply: dict, measure: str, budget_bytes: int) -> Trial:
         step_seconds=reply.get("step_seconds"),
         samples_per_second=reply.get("samples_per_second"),
         settled=reply.get("resident_settled"),
+        steady=reply.get("steady"),
     )
 
 

@@ -129,8 +129,14 @@ def hidden_limit_edge_of(trials: Sequence[Trial], budget_bytes: float, model: Me
 
 
 def throughput_knee_of(trials: Sequence[Trial], budget_bytes: float) -> int | None:
-    """Smallest batch within 5% of the best samples/s seen among trials that fit."""
-    fits = [t for t in fitting_trials(trials, budget_bytes) if t.samples_per_second]
+    """Smallest batch within 5% of the best steady-state samples/s seen among trials that fit.
+
+    A trial that timed its warm-up step (`steady` False: one step took longer than trial_seconds)
+    is left out: the first step at a new size faults its memory in, and the committed
+    mobilenet_v2 profile read 40-48 samples/s at 1248-1959 that way where training at 1024 runs
+    at 125, which put its knee at 32.
+    """
+    fits = [t for t in fitting_trials(trials, budget_bytes) if t.samples_per_second and t.steady is not False]
     if not fits:
         return None
     best = max(t.samples_per_second for t in fits)

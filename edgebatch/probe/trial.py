@@ -236,6 +236,8 @@ class TrialRunner:
             "samples_per_second": batch / step_seconds,
             "timed_steps": len(timings),
             "resident_settled": resident_peak_settled(peaks) if track_resident else None,
+            # False when the timing is the warm-up step's (see above): not steady-state samples/s.
+            "steady": warmup_seconds < trial_seconds,
         }
 
     def model_facts(self) -> dict:

@@ -39,6 +39,9 @@ class Trial:
     measured: bool = True
     fresh: bool = False
     settled: bool | None = None
+    # False when samples_per_second timed the warm-up step (one step longer than trial_seconds):
+    # not steady-state throughput. None when not recorded (older profiles, trials that did not run).
+    steady: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,7 @@ def _trial_dict(trial: Trial) -> dict:
         "measured": trial.measured,
         "fresh": trial.fresh,
         "settled": trial.settled,
+        "steady": trial.steady,
     }
 
 
@@ -227,6 +231,7 @@ def _trial_from_dict(data: dict) -> Trial:
         # Optional too: profiles written before edgebatch recorded it.
         fresh=data.get("fresh", False),
         settled=data.get("settled"),
+        steady=data.get("steady"),
     )
 
 

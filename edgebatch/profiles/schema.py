@@ -59,6 +59,7 @@ _TRIAL_SCHEMA = {
         "measured": {"type": "boolean", "default": True},
         "fresh": {"type": "boolean", "default": False},
         "settled": {"type": ["boolean", "null"], "default": None},
+        "steady": {"type": ["boolean", "null"], "default": None},
     },
 }
 
