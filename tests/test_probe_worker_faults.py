@@ -250,3 +250,31 @@ def test_a_worker_whose_parent_dies_at_once_leaves_too(tmp_path):
     # Killed before the worker may have asked for PR_SET_PDEATHSIG: it notices the new parent pid.
     parent, worker_pid = start_parent(tmp_path)
     kill_parent_and_check_worker(parent, worker_pid)
+
+
+# ---- a trial whose swap grew fails (real steps, the swap reading faked: no swap here) ----------
+
+
+@pytest.fixture(scope="module")
+def tiny_runner():
+    import keras
+
+    from edgebatch.probe.trial import TrialRunner
+
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(4)])
+    runner = TrialRunner(model, optimizer="sgd")
+    runner.run_steps(1, 1)
+    return runner
+
+
+@pytest.mark.slow  # imports TensorFlow and Keras in this process (10-25 s here)
+@pytest.mark.parametrize(("swap_step_bytes", "ok"), [(0, True), (4096, False)])
+def test_a_trial_whose_swap_grew_fails(tiny_runner, monkeypatch, swap_step_bytes, ok):
+    from edgebatch.probe import trial as trial_module
+
+    readings = iter(range(10 * 2**20, 100 * 2**20, swap_step_bytes) if swap_step_bytes else [])
+    monkeypatch.setattr(trial_module, "process_swap_bytes", lambda: next(readings, 10 * 2**20))
+    result = tiny_runner.run_trial(8, 3, 1.0)
+    assert result["ok"] is ok
+    if not ok:
+        assert result["error"] == "swapped" and "grew" in result["detail"]
