@@ -93,14 +93,17 @@ class _ReplyTimeout(Exception):
 class _LineReader:
     """Lines from the worker's stdout, read straight from the pipe so that a deadline can apply.
 
-    (Iterating `process.stdout` blocks without limit; select() on its descriptor would miss lines
-    already sitting in the file object's buffer, so this keeps its own.)
+    (Iterating `process.stdout` blocks without limit; waiting on its descriptor would miss lines
+    already sitting in the file object's buffer, so this keeps its own.) poll(), not select():
+    select() fails on descriptors above 1023, which a long-lived program that probes can reach.
     """
 
     def __init__(self, stream):
         self.fd = stream.fileno()
         self.buffer = b""
         self.at_end = False
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
 
     def next_line(self, deadline_monotonic: float) -> bytes | None:
         """The next line (with its newline, or the unterminated rest at the end); None at the end."""
@@ -115,8 +118,7 @@ class _LineReader:
             remaining = deadline_monotonic - time.monotonic()
             if remaining <= 0:
                 raise _ReplyTimeout()
-            readable, _, _ = select.select([self.fd], [], [], remaining)
-            if not readable:
+            if not self.poller.poll(max(1, int(remaining * 1000))):
                 raise _ReplyTimeout()
             chunk = os.read(self.fd, 65536)
             if chunk:
@@ -192,9 +194,10 @@ class Worker:
                 "detail": f"no reply within {deadline:.0f} s while its swap grew from {swap_before} to {swap_after} bytes",
             }
         tail = self._stderr_tail()
+        why = "hung, not out of memory: its swap did not grow" if swap_after is not None else "hung"
         raise ProbeError(
             f"probe worker gave no reply within {deadline:.0f} s at batch {batch} and was stopped "
-            f"(hung, not out of memory: its swap did not grow){': ' + tail if tail else ''}"
+            f"({why}){': ' + tail if tail else ''}"
         )
 
     def _request(self, message: dict, deadline_seconds: float) -> dict | None:
