@@ -14,7 +14,12 @@ memory held after a failed trial makes every later trial near the boundary fail.
   peak has climbed as it does over the first steps of real training (FACTS.md: it climbs for 5-11
   steps) before the trial batch is measured; an address-space cap (`address_space_headroom_bytes`)
   is set after the prewarm, over the worker's size then;
-- a worker that dies (segfault, SIGKILL) is an OOM outcome, and the probe goes on.
+- a worker that dies (segfault, SIGKILL) is an OOM outcome, and the probe goes on;
+- a worker that does not answer in time (`trial_deadline_seconds`, `STARTUP_DEADLINE_SECONDS`) is
+  killed. If its swap grew meanwhile the trial failed ("swapped": thrashing is how a batch too big
+  for RAM can look); otherwise the probe stops with a ProbeError, because a hang says nothing about
+  memory and counted as a failure it would pull the answer below batches that fit;
+- a worker dies with the probe (`_die_with_parent`), and a garbled reply is a ProbeError.
 
 The protocol: the parent writes one JSON line of setup, then one JSON line per trial; the worker
 answers each with one line prefixed by `@@edgebatch ` (TensorFlow and user code may print too).
