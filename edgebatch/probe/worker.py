@@ -526,10 +526,13 @@ def worker_main() -> int:
             _send({"fatal": f"training step failed at batch {request['batch']}: {type(error).__name__}: {error}"})
             return 1
         result["trace_count"] = runner.trace_count
-        if meter is not None and result.get("ok"):
+        if baseline_device is not None and result.get("ok"):
             # The allocator never hands memory back to the driver (memory growth), so the
             # footprint after the trial is the most the worker held during it.
             result["device_used_bytes"] = meter.footprint_bytes()
+            if result["device_used_bytes"] is None:
+                _send({"fatal": f"NVML stopped reporting {setup.device}'s memory at batch {request['batch']} (it did at the start): probe again"})
+                return 1
         _send(result)
     return 0
 
