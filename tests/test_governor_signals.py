@@ -126,6 +126,7 @@ def test_growth_stops_at_the_model_fit():
     observation = Observation(pressure=0.3, limit_bytes=1000 * MiB, used_bytes=200 * MiB)  # fits 50
     _, decision = step(cfg, state_at(cfg, 32, calm_streak=4), observation)
     assert decision.micro_batch == 50
+    assert decision.reason == "calm 5 updates under the model's fit: 32 -> 50 (model fits 50)"
     state, decision = step(cfg, state_at(cfg, 50, calm_streak=4), observation)
     assert not decision.changed and state.calm_streak == 0, "at the fit a prediction is not calm"
 

@@ -274,7 +274,8 @@ def _step_update(config: GovernorConfig, state: GovernorState, obs: Observation)
         reason = f"{high_reason}: {current} -> {new}" + _model_note(fit)
     elif streak >= config.grow_patience:
         new = _grow_target(config, current, fit, threshold)
-        reason = f"calm {streak} updates < {config.grow_below_pressure:.2f}: {current} -> {new}" + _model_note(fit)
+        below = "under the model's fit" if predicted else f"< {config.grow_below_pressure:.2f}"
+        reason = f"calm {streak} updates {below}: {current} -> {new}" + _model_note(fit)
         if threshold is not None:
             reason += f" (oom threshold {threshold})"
     if new == current:

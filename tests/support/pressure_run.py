@@ -42,6 +42,7 @@ def main():
     import tensorflow as tf
 
     from edgebatch.governor import Governor, GovernorConfig, PressureReader
+    from edgebatch.sensors import process_peak_rss_bytes
     from edgebatch.training import fit
 
     rng = np.random.default_rng(0)
@@ -49,7 +50,19 @@ def main():
     y = rng.integers(0, 4, size=(64 * UPDATES,)).astype("int32")
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
     model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4)])
-    governor = Governor(GovernorConfig(ceiling_batch=64, effective_batch=64, grow_patience=3, cooldown_updates=3))
+    # The governor judges a room reading by a memory model in the host sensor's measure (process
+    # RSS): a one-point line from a short warm-up run's peak RSS at 64, ~4 KiB a sample on top.
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    fit(model, dataset.take(64 * 3), loss=loss, optimizer=keras.optimizers.SGD(0.01), effective_batch=64)
+    per_sample_bytes = 4096.0
+    fixed_bytes = process_peak_rss_bytes() - 64 * per_sample_bytes
+    governor = Governor(GovernorConfig(ceiling_batch=64, effective_batch=64, grow_patience=3, cooldown_updates=3,
+                                       fixed_bytes=fixed_bytes, per_sample_bytes=per_sample_bytes,
+                                       model_measure="process_peak",
+                                       # Memory is under test: on a shared 2-core machine steps run
+                                       # 2-7x slow for reasons of their own (seen: 7.0x, 2.8x, 2.4x
+                                       # after the hog left, each halving the micro-batch).
+                                       slow_step_factor=50.0))
     reader = PressureReader(device="CPU:0", every_n_updates=1, min_interval_seconds=0.0)
     state = {"hog": None, "shrunk_at": None}
 
@@ -70,9 +83,8 @@ def main():
                           "pressure": record.pressure, "reason": record.reason,
                           "next_micro_batch": record.next_micro_batch}), flush=True)
 
-    fit(model, dataset, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        optimizer=keras.optimizers.SGD(0.01), effective_batch=64, governor=governor, pressure_reader=reader,
-        on_update=on_update)
+    fit(model, dataset, loss=loss, optimizer=keras.optimizers.SGD(0.01), effective_batch=64, governor=governor,
+        pressure_reader=reader, on_update=on_update)
     if state["hog"] is not None:
         state["hog"].stdin.close()
 
