@@ -18,8 +18,9 @@ from edgebatch.profiles.model import MemoryModel, Trial
 
 # Throughput within 5% of the best counts as the plateau (the definition of the knee).
 KNEE_FRACTION = 0.95
-# Failures that are the device's (a raised OOM, a killed worker), not the budget's verdict.
-DEVICE_FAILURES = ("oom", "worker_killed")
+# Failures that are the device's (a raised OOM, a killed worker, a trial that pushed the worker
+# into swap), not the budget's verdict.
+DEVICE_FAILURES = ("oom", "worker_killed", "swapped")
 
 
 def outcome_of(trial: Trial) -> Outcome:
