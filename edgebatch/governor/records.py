@@ -82,7 +82,12 @@ class GovernorConfig:
     See `policy.py` for the exact rules each field feeds. `psi_some_avg10_threshold` is an addition
     to the agreed API: memory PSI `some avg10` at or above it (percent of the last 10 s in which some
     task stalled on memory: the kernel is reclaiming hard) counts as pressure above the shrink
-    threshold.
+    threshold. Also added: `model_measure` (what the memory model predicts: "process_peak" or
+    "allocator_peak", as a DeviceProfile's `measure`; it is applied only to readings in that
+    measure), `extra_bytes` (memory `fit` adds that the probe's step did not have: gradient
+    accumulators, the read-ahead buffer), `hard_limit_fraction` (a predicted load above it shrinks
+    at once, even in a cooldown), and the OOM threshold's `threshold_safe_fraction` and
+    `threshold_expiry_updates`.
     """
 
     ceiling_batch: int
