@@ -30,8 +30,8 @@ Strategies:
   Peaks are not monotone in batch at fine scale (small_cnn in fresh processes: 300 read 1548 MiB,
   310 read 1421 MiB). A fresh failure that sits above the trusted line by more than the noise
   (memory_fit.bump_excess_bytes) while the line puts it within the budget is a bump, not the
-  ceiling: before answering, one fresh trial higher up, under the line's ceiling, confirms it. If
-  that trial fits, the bump is contradicted and the search goes on above it; if it fails too, the
+  ceiling: before answering, up to two fresh trials higher up look past it (_confirm_above_bump).
+  If one fits, the bump is contradicted and the search goes on above it; if they fail too, the
   bump stands as the ceiling.
 - `binsearch`: plain doubling, then midpoint bisection (Lightning's binsearch). The baseline the
   slow start is measured against.
