@@ -180,6 +180,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
     progress(f"probing {spec.text} on {device} ({facts.description}), budget {format_bytes(budget_bytes)} ({budget_source})")
     scout = start_worker(setup)
     workers: list[Worker] = [scout]
+    fork = None
     try:
         model_facts = scout.facts
         # The worker says what its trials measure (worker.measure_of) and, on a GPU NVML does not
@@ -215,10 +216,13 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         elif not force:
             progress(f"no cached profile for this device and model in {directory}; probing")
         progress(f"model {model_facts['name']}: {model_facts['parameters']:,} parameters, {model_facts['keras_flavor']}")
-        trials, final = _search(config, setup, workers, measure, progress)
+        fork = _FreshWorkers(device, budget_bytes, progress)
+        trials, final = _search(config, setup, workers, measure, progress, fork)
     finally:
         for worker in workers:
             worker.close()
+        if fork is not None:
+            fork.close()  # after its children: they die with it
     if final.max_batch is None:
         raise ProbeError(
             f"no batch of {request.multiple} or more fits the budget of {format_bytes(budget_bytes)} on {device}: "
@@ -234,7 +238,8 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
     return profile
 
 
-def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], measure: str, progress: Progress):
+def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], measure: str, progress: Progress,
+            fork: _FreshWorkers | None = None):
     outcomes: list[Outcome] = []
     trials: list[Trial] = []
     while True:
@@ -250,7 +255,7 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             ))
             progress(f"  batch {step.batch:>6}  skipped: predicted peak {format_bytes(step.predicted_peak_bytes)} > budget")
             continue
-        worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh)
+        worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh, fork=fork)
         reply = worker.run_trial(step.batch)
         fresh = worker.trials_run == 1
         trial = dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=fresh)
@@ -260,7 +265,8 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
         progress(_trial_line(trial) + ("  (fresh worker)" if fresh else ""))
 
 
-def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: list[Worker], fresh: bool = False) -> Worker:
+def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: list[Worker], fresh: bool = False,
+                fork: _FreshWorkers | None = None) -> Worker:
     """The live worker whose readings stay right at `batch`, or a fresh one (see worker.py).
 
     Workers that cannot run this trial (all of them when the search asks for a `fresh` one) are
@@ -275,11 +281,52 @@ def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: l
     if usable is not None:
         return usable
     prewarm = max(1, min(config.start_batch, batch // 2))
-    fresh = start_worker(
-        WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": PREWARM_STEPS})
-    )
+    fresh_setup = WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": PREWARM_STEPS})
+    fresh = fork.start(fresh_setup) if fork is not None else start_worker(fresh_setup)
     workers.append(fresh)
     return fresh
+
+
+# What the fork server keeps to itself: 286 MiB anonymous memory after importing TensorFlow and
+# Keras here (smaps_rollup), rounded up. Children share it copy-on-write.
+FORK_SERVER_RESERVE_BYTES = 512 * 1024**2
+
+
+class _FreshWorkers:
+    """Starts fresh workers: forked from a fork server (forkserver.py) where one may run, else as new processes.
+
+    The server holds memory of its own beside every trial, so it runs only where the device has
+    FORK_SERVER_RESERVE_BYTES of room beyond the budget: with an explicit budget under what the
+    machine has, not with the default budget (all of the available RAM). It starts in the
+    background when the probe begins searching, while the scout runs its trials.
+    """
+
+    def __init__(self, device: str, budget_bytes: int, progress: Progress) -> None:
+        from edgebatch.probe.budget import device_room_bytes
+        from edgebatch.probe.forkserver import ForkServer, fork_server_wanted
+        from edgebatch.probe.worker import worker_environment
+
+        self._progress = progress
+        self.server = None
+        room = device_room_bytes(device) if fork_server_wanted(device) else None
+        if room is not None and room - budget_bytes >= FORK_SERVER_RESERVE_BYTES:
+            self.server = ForkServer(worker_environment(device))
+
+    def start(self, setup: WorkerSetup) -> Worker:
+        from edgebatch.probe.forkserver import ForkServerError
+
+        if self.server is not None:
+            try:
+                return start_worker(setup, server=self.server)
+            except ForkServerError as error:
+                self._progress(f"  {error}; fresh workers start as new processes")
+                self.close()
+        return start_worker(setup)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
 
 def _trial_from_reply(reply: dict, measure: str, budget_bytes: int) -> Trial:

@@ -288,26 +288,36 @@ def read_reply(reader: _LineReader, deadline_monotonic: float) -> dict | None:
         return reply
 
 
-def spawn_worker(setup: WorkerSetup, command: list[str] | None = None) -> Worker:
-    """Start a worker process and send it the setup; do not wait for it (see start_worker).
-
-    `command` runs the worker side (default: this module); tests pass a stand-in.
-    """
+def worker_environment(device: str) -> dict[str, str]:
+    """The environment a worker (or the fork server its workers come from) starts with."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env[PARENT_PID_ENV] = str(os.getpid())
-    if setup.device.upper().startswith("CPU"):
+    if device.upper().startswith("CPU"):
         # A CPU probe must not touch (or reserve memory on) a GPU that happens to be present.
         env["CUDA_VISIBLE_DEVICES"] = "-1"
+    return env
+
+
+def spawn_worker(setup: WorkerSetup, command: list[str] | None = None, server=None) -> Worker:
+    """Start a worker process and send it the setup; do not wait for it (see start_worker).
+
+    `command` runs the worker side (default: this module); tests pass a stand-in. With `server`
+    (a forkserver.ForkServer) the worker is forked from it instead of started as a new Python.
+    """
+    env = worker_environment(setup.device)
     stderr_file = tempfile.TemporaryFile(mode="w+")
-    process = subprocess.Popen(
-        command or [sys.executable, "-m", "edgebatch.probe.worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr_file,
-        env=env,
-        start_new_session=True,  # Ctrl-C reaches the parent only; the parent stops the workers
-    )
+    if server is not None and command is None:
+        process = server.spawn(env, stderr_file.fileno())  # in a session of its own, like the Popen below
+    else:
+        process = subprocess.Popen(
+            command or [sys.executable, "-m", "edgebatch.probe.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr_file,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the parent only; the parent stops the workers
+        )
     worker = Worker(setup, process, stderr_file)
     try:
         process.stdin.write((json.dumps(setup.__dict__) + "\n").encode())
@@ -317,9 +327,9 @@ def spawn_worker(setup: WorkerSetup, command: list[str] | None = None) -> Worker
     return worker
 
 
-def start_worker(setup: WorkerSetup, command: list[str] | None = None) -> Worker:
+def start_worker(setup: WorkerSetup, command: list[str] | None = None, server=None) -> Worker:
     """Start a worker, send the setup, wait until the model is built and the step traced."""
-    worker = spawn_worker(setup, command)
+    worker = spawn_worker(setup, command, server)
     process = worker.process
     try:
         ready = read_reply(worker.reader, time.monotonic() + setup.startup_deadline_seconds)
