@@ -252,3 +252,58 @@ def test_a_neighbour_seen_through_the_host_sensor_is_followed_down_and_back_up()
     # the whole device read above the shrink threshold all along the neighbour's stay (our RSS
     # kept its peak): judged on that, the micro-batch would have been halved every cooldown
     assert min(pressures[50:150]) > governor.config.shrink_above_pressure
+
+
+def test_on_gpu_a_neighbour_is_seen_through_nvml_less_our_allocator_pool():
+    # Our allocator's pool stays at its peak (TensorFlow keeps it); another process takes 4 GiB of
+    # the GPU and leaves. The model is in the allocator's measure, as a GPU profile's is.
+    from edgebatch.governor import Governor
+
+    total, fixed, per_sample = 16 * GiB, 1 * GiB, 64 * 1024 * 1024
+    profile = SimpleNamespace(safe_batch=160, max_batch=170, measure="allocator_peak",
+                              memory_model=SimpleNamespace(fixed_bytes=fixed, per_sample_bytes=per_sample))
+    governor = Governor.from_profile(profile, effective_batch=160)
+    state = {"neighbour": 0, "peak": 0, "context": 400 * 1024 * 1024}  # CUDA context: NVML counts it
+
+    def allocator_now():
+        return allocator(current=fixed, peak=state["peak"])
+
+    def gpu_now():
+        return gpu(total=total, used=state["context"] + state["peak"] + state["neighbour"])
+
+    reader = PressureReader(device="GPU:0", every_n_updates=1, min_interval_seconds=0.0, clock=FakeClock(),
+                            sources={"allocator": allocator_now, "gpu": gpu_now})
+    sizes = []
+    for update in range(200):
+        state["neighbour"] = 4 * GiB if 40 <= update < 120 else 0
+        state["peak"] = max(state["peak"], fixed + per_sample * governor.decision.micro_batch)
+        assert state["context"] + state["peak"] + state["neighbour"] <= total, f"out of memory at {update}"
+        sizes.append(governor.decision.micro_batch)
+        governor.observe(reader.read())
+    # predicted at 160 beside it: (4.4 GiB others + 11 GiB) / 16 GiB = 0.96; the fit is
+    # (0.8 x 16 GiB - 4.4 GiB - 1 GiB) / 64 MiB = 118
+    assert sizes[:41] == [160] * 41
+    assert set(sizes[41:121]) == {118}
+    assert sizes[-1] == 160
+
+
+def test_a_host_full_of_our_own_pool_lets_the_micro_batch_grow():
+    # RSS is 95% of the cgroup limit from the start (an earlier, larger run); nobody else is there.
+    from edgebatch.governor import Governor
+
+    MiB = 1024 * 1024
+    limit = 8 * GiB
+    profile = SimpleNamespace(safe_batch=256, max_batch=300, measure="process_peak",
+                              memory_model=SimpleNamespace(fixed_bytes=849 * MiB, per_sample_bytes=11.6 * MiB))
+    governor = Governor.from_profile(profile, effective_batch=256)
+    governor.reset(start_micro_batch=16)
+    own = int(0.95 * limit)
+    reader = PressureReader(every_n_updates=1, min_interval_seconds=0.0, clock=FakeClock(),
+                            sources={"host": lambda: host(total=limit, available=limit - own, rss=own)})
+    sizes = []
+    for _ in range(200):
+        sizes.append(governor.decision.micro_batch)
+        observation = reader.read()
+        assert observation.pressure == pytest.approx(0.95)
+        governor.observe(observation)
+    assert sorted(sizes) == sizes and sizes[-1] == 256
