@@ -2,7 +2,12 @@
 
 One `tf.train.Checkpoint` holds the model, the optimizer, the data position (epoch, examples
 consumed in it, updates, examples seen), the governor's state as a JSON string variable and the
-base learning rate (the optimizer's own variable holds the *scaled* one in elastic mode). Keeping
+base learning rate (the optimizer's own variable holds the *scaled* one in elastic mode), and the
+model's own variables listed one by one (`_model_variables`): BatchNormalization's moving
+statistics and the random-number state of every Keras 3 layer (each SeedGenerator's state: Dropout,
+random augmentation layers), so a resumed run draws the same dropout masks as an uninterrupted one.
+Not saved: TensorFlow's global `tf.random.Generator` and stateful random ops without a generator
+(tf.random.uniform), which Keras 3 layers do not use. Keeping
 all of it in one checkpoint (not a sidecar file) means a kill between two writes can never pair a
 model with another update's governor or position. Checkpoints are written only at update
 boundaries, where the gradient accumulators are zero, so they are not saved.
@@ -18,6 +23,21 @@ from edgebatch.errors import TrainingError
 from edgebatch.training.records import Progress
 
 __all__ = ["TrainingCheckpoint"]
+
+
+def _model_variables(model: Any) -> list:
+    """Every trainable and non-trainable variable of the model, in the model's order.
+
+    A Keras 3 model contributes no variables of its own to a tf.train.Checkpoint (its trainable
+    ones reach the checkpoint only through the optimizer), so BatchNormalization's moving
+    statistics and the SeedGenerator states (Keras 3 lists them as non-trainable variables)
+    are saved through this list. Metric variables are left out: compile creates them late.
+    """
+    import tensorflow as tf
+
+    variables = list(model.trainable_variables) + list(model.non_trainable_variables)
+    # Keras 3's TensorFlow variable wraps a tf.Variable in `.value` (tf_keras's are tf.Variables).
+    return [variable if isinstance(variable, tf.Variable) else variable.value for variable in variables]
 
 
 class TrainingCheckpoint:
@@ -42,6 +62,7 @@ class TrainingCheckpoint:
             examples_seen=self._examples_seen,
             governor_json=self._governor_json,
             base_learning_rate=self._base_learning_rate,
+            model_variables=_model_variables(model),
         )
         self._manager = tf.train.CheckpointManager(self._checkpoint, self.directory, max_to_keep=max_to_keep)
 
