@@ -43,7 +43,7 @@ class ChildRun:
     `returncode` is Popen's (negative: killed by that signal); `signal_name` names the signal when
     it died by one (directly or as reported by a wrapper shell); `running_micro_batch` is the
     micro-batch `fit` had last recorded as running when the child died (None when unknown or when
-    it exited normally); `seconds` is its wall time.
+    it exited normally); `seconds` is its wall time; `restarted` says whether another child followed.
     """
 
     attempt: int
@@ -97,11 +97,7 @@ def crash_signal_of(returncode: int) -> signal.Signals | None:
             return signal.Signals(-returncode)
         except ValueError:  # a real-time signal has no name in the enum
             return None
-    number = returncode - SHELL_SIGNAL_BASE
-    for crash in CRASH_SIGNALS:
-        if crash == number:
-            return crash
-    return None
+    return next((crash for crash in CRASH_SIGNALS if crash == returncode - SHELL_SIGNAL_BASE), None)
 
 
 def restart_decision(*, returncode: int, restarts_done: int, max_restarts: int, stop_requested: bool) -> RestartDecision:
