@@ -3,6 +3,8 @@
 - `fit(model, dataset, loss=..., optimizer=..., effective_batch=...)`: a custom loop (loop.py) with
   OOM retry in place, checkpoint/resume, TensorBoard and JSONL logs; returns a `FitReport`.
 - `inject_oom([2, 5])` / env `EDGEBATCH_INJECT_OOM=2,5`: make chosen micro-batches fail (tests).
+- `supervise(["python", "train.py"], checkpoint_dir=...)` (supervisor.py): run training in a child and
+  restart it from its last checkpoint when it is killed (SIGKILL, SIGABRT); `edgebatch supervise`.
 - `enable_micro_batching(model, governor)` and `GovernorCallback`/`TfKerasGovernorCallback`
   (keras_integration.py): the same governor for `model.fit` users. That module imports Keras, so
   it is loaded only when one of its names is asked for.
