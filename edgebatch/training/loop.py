@@ -293,7 +293,9 @@ class _GovernedLoop:
         # A supervisor restarted this process after a kill (supervisor.py): that size failed.
         hard_failure_micro_batch = take_hard_failure_micro_batch()
         if hard_failure_micro_batch is not None:
-            governor.on_oom(hard_failure_micro_batch)
+            # Said to be the running size: the restored state may be larger (checkpointed before a
+            # shrink), and a smaller failed piece would otherwise count as its remainder.
+            governor.on_oom(hard_failure_micro_batch, running_micro_batch=hard_failure_micro_batch)
         self.marker = RunningMarker(checkpoint_dir) if checkpoint_dir else None
 
     def run(self) -> FitReport:
