@@ -76,3 +76,34 @@ def test_a_malformed_value_is_a_usage_error(monkeypatch):
     x, y = make_data(8)
     with pytest.raises(UsageError, match="EDGEBATCH_HARD_FAILURE_MICRO_BATCH must be .* got 'big'"):
         governed_fit(x, y)
+
+
+class _ProcessDied(BaseException):
+    """Stands for a kill at one exact point: fit catches no BaseException, and nothing after it runs."""
+
+
+def test_a_save_cut_before_its_state_file_resumes_from_the_previous_checkpoint(tmp_path, monkeypatch):
+    """The window a SIGKILL test cannot aim at: the checkpoint's data files are written, the
+    `checkpoint` state file (which TensorFlow replaces atomically) does not name it yet. The newest
+    complete checkpoint wins, so the cut update is re-run and nothing is applied twice."""
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    x, y = make_data(32)
+    expected = reference_weights(x, y, EFFECTIVE, "adam", epochs=1)
+    write_state = checkpoint_management.update_checkpoint_state_internal
+
+    def die_before_naming_the_third(save_dir, model_checkpoint_path, *args, **kwargs):
+        if model_checkpoint_path.endswith("-3"):
+            raise _ProcessDied()
+        return write_state(save_dir, model_checkpoint_path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_management, "update_checkpoint_state_internal", die_before_naming_the_third)
+    with pytest.raises(_ProcessDied):
+        governed_fit(x, y, checkpoint_dir=str(tmp_path), checkpoint_every_updates=1)
+    monkeypatch.undo()
+    assert (tmp_path / "ckpt-3.index").exists()  # update 3's checkpoint data is on disk, unnamed
+
+    model, report = governed_fit(x, y, checkpoint_dir=str(tmp_path), checkpoint_every_updates=1)
+    assert report.resumed_from.updates == 2
+    assert [u.update for u in report.updates] == [3, 4]
+    assert max_weight_diff(model.get_weights(), expected) < 1e-4
