@@ -124,3 +124,42 @@ def test_mixed_float16_with_loss_scaling_matches_plain_fit():
     # float16 activations round differently per piece; the loss scale is applied and removed once per batch.
     assert max_weight_diff(model.get_weights(), plain.get_weights()) < 1e-3
     assert max_weight_diff(model.get_weights(), build().get_weights()) > 1e-2
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_embedding_gradients_stay_sparse_and_match_plain_fit(optimizer):
+    import keras
+
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 30, size=(40, 4)).astype("int32")
+    y = rng.integers(0, 3, size=40).astype("int64")
+
+    def build():
+        init = keras.initializers.GlorotUniform(seed=2)
+        model = keras.Sequential([
+            keras.Input((4,), dtype="int32"),
+            keras.layers.Embedding(30, 6, embeddings_initializer=init, name="embedding"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3, kernel_initializer=init),
+        ])
+        model.compile(optimizer=make_optimizer(optimizer), loss=make_loss())
+        return model
+
+    plain = build()
+    plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    model = build()
+    seen = []
+    original = model.optimizer.apply_gradients
+
+    def spy(grads_and_vars):
+        pairs = list(grads_and_vars)
+        seen.extend(type(g).__name__ for g, _ in pairs)  # at trace time
+        return original(pairs)
+
+    object.__setattr__(model.optimizer, "apply_gradients", spy)
+    controller = keras_integration.enable_micro_batching(model, Governor(GovernorConfig(ceiling_batch=3, effective_batch=BATCH)))
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[controller.callback()])
+    assert seen and seen[0] == "IndexedSlices"  # the embedding's gradient reached the optimizer sparse
+    assert all(name != "IndexedSlices" for name in seen[1:3])
+    assert max_weight_diff(model.get_weights(), plain.get_weights()) < 1e-4
+    assert max_weight_diff(model.get_weights(), build().get_weights()) > 1e-3  # it trained

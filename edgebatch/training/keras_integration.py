@@ -7,7 +7,7 @@
 splits each fit batch into micro-batches of `controller.micro_batch` (a tf.Variable read inside the
 compiled step, so a new size never retraces), accumulates exact mean-loss gradients (each piece's
 loss, as `compute_loss` returns it, weighted by piece size / batch size; regularization losses come
-out once) and applies them once. Metrics and the loss shown by fit are updated piece by piece and
+out once; sparse Embedding gradients stay sparse) and applies them once. Metrics and the loss shown by fit are updated piece by piece and
 equal a whole-batch step's. The callback (`GovernorCallback` for Keras 3, `TfKerasGovernorCallback`
 for tf_keras; `controller.callback()` picks) feeds the governor after every batch from a
 PressureReader and the batch time, and writes its decision into the variable.
@@ -214,18 +214,60 @@ def _governed_train_step(model: Any, data: Any, *, controller: MicroBatchControl
             scaled = world.scale_loss(model.optimizer, loss * tf.cast(size, loss.dtype) / tf.cast(batch_f, loss.dtype))
         gradients = tape.gradient(scaled, variables)
         model.compute_metrics(xs, ys, y_pred, sample_weight=ws)
-        return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(gradients, variables)]
+        return [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, variables)]
 
     # The first piece runs outside the loop: anything built lazily on first use (compiled losses
     # and metrics in tf_keras) must not create variables inside a while_loop body.
     first = run_piece(tf.constant(0, tf.int32))
+    sums = _GradientSums(first)
 
-    def body(start: Any, sums: list) -> tuple:
-        return start + micro, [a + g for a, g in zip(sums, run_piece(start))]
+    def body(start: Any, state: tuple) -> tuple:
+        return start + micro, sums.add(state, run_piece(start))
 
-    _, gradients = tf.while_loop(lambda start, _: start < batch, body, (micro, first))
-    world.apply(model.optimizer, gradients, variables)
+    _, state = tf.while_loop(lambda start, _: start < batch, body, (micro, sums.initial),
+                             shape_invariants=(micro.shape, sums.invariants))
+    world.apply(model.optimizer, sums.gradients(state), variables)
     return model.get_metrics_result()
+
+
+class _GradientSums:
+    """Loop state that sums the pieces' gradients: dense ones added up, sparse ones kept sparse.
+
+    An Embedding's gradient is a tf.IndexedSlices (the looked-up rows). Turning it dense would
+    cost a full table per piece; instead the pieces' rows are concatenated (values and indices
+    grow each iteration, hence the shape invariants) and the optimizer gets one IndexedSlices
+    with repeated indices, as it does from an unsplit batch.
+    """
+
+    def __init__(self, first: list) -> None:
+        import tensorflow as tf
+
+        self.sparse = [isinstance(g, tf.IndexedSlices) for g in first]
+        self.dense_shapes = [g.dense_shape if sparse else None for g, sparse in zip(first, self.sparse)]
+        self.initial = tuple((g.values, g.indices) if sparse else g for g, sparse in zip(first, self.sparse))
+        self.invariants = tuple(
+            (tf.TensorShape([None]).concatenate(g.values.shape[1:]), tf.TensorShape([None])) if sparse else g.shape
+            for g, sparse in zip(first, self.sparse)
+        )
+
+    def add(self, state: tuple, pieces: list) -> tuple:
+        import tensorflow as tf
+
+        summed = []
+        for total, g, sparse in zip(state, pieces, self.sparse):
+            if not sparse:
+                summed.append(total + tf.convert_to_tensor(g))
+                continue
+            if not isinstance(g, tf.IndexedSlices):  # the same variable gave a dense gradient here
+                g = tf.IndexedSlices(g, tf.range(tf.shape(g, out_type=total[1].dtype)[0]))
+            summed.append((tf.concat([total[0], g.values], 0), tf.concat([total[1], tf.cast(g.indices, total[1].dtype)], 0)))
+        return tuple(summed)
+
+    def gradients(self, state: tuple) -> list:
+        import tensorflow as tf
+
+        return [tf.IndexedSlices(total[0], total[1], dense_shape) if sparse else total
+                for total, sparse, dense_shape in zip(state, self.sparse, self.dense_shapes)]
 
 
 class _CallbackLogic:
