@@ -139,6 +139,7 @@ def test_resume_restores_dropout_rng_and_batch_norm_statistics(tmp_path):
     run(str(tmp_path), max_updates=3)
     resumed, report = run(str(tmp_path))
     assert report.resumed_from.updates == 3
+    assert report.random_layers == ["drop"] and report.exactness == "micro_batch_statistics"
     # get_weights() holds the moving mean/variance and the dropout SeedGenerator state too: the
     # resumed model drew the same masks (state [7, 2 per micro-step]) and kept the statistics.
     assert max_weight_diff(resumed.get_weights(), uninterrupted.get_weights()) < 1e-5

@@ -111,6 +111,16 @@ def test_batch_norm_in_a_nested_model_is_reported_and_warned_once():
     assert plain.batch_norm_layers == [] and plain.exactness == "exact"
 
 
+def test_dropout_is_reported_as_random_draws_per_micro_batch():
+    x, y = make_data(16)
+    init = keras.initializers.GlorotUniform(seed=1)
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, kernel_initializer=init),
+                              keras.layers.Dropout(0.3, seed=2, name="drop"), keras.layers.Dense(3)])
+    report = fit(model, make_dataset(x, y), loss=make_loss(), optimizer=make_optimizer("sgd"),
+                 effective_batch=EFFECTIVE, governor=governor())
+    assert report.random_layers == ["drop"] and report.exactness == "random_draws_per_micro_batch"
+
+
 def test_batch_norm_changes_the_result_with_the_split_so_it_is_reported_not_hidden():
     x, y = make_data(16)
     whole, split = bn_model(), bn_model()

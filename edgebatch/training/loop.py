@@ -12,18 +12,28 @@ Recipe of one optimizer update (see `_GovernedLoop._run_update`):
 4. apply the accumulated gradients once, read memory pressure, let the governor observe the
    update, log it, and checkpoint when due.
 
-Resume: with `checkpoint_dir` holding a checkpoint, fit restores model, optimizer, governor and
-the data position and continues at the next unprocessed example (`dataset.skip`), ending with the
-weights of an uninterrupted run, provided the dataset yields the same order for a given epoch
-(each epoch iterates the dataset afresh: shuffle with a fixed seed and
-`reshuffle_each_iteration=False`, or shuffle before each epoch yourself, if you need shuffling).
-`epochs` and `max_updates` count the whole run, including what the checkpoint already did.
+Resume: with `checkpoint_dir` holding a checkpoint, fit restores model (every variable: weights,
+BatchNormalization statistics, Keras 3 SeedGenerator states), optimizer, governor and the data
+position and continues at the next unprocessed example (`dataset.skip`, which re-reads the epoch
+up to there), ending with the weights of an uninterrupted run, provided the dataset yields the same
+order in every epoch and every process: a shuffle that reshuffles each iteration or has no seed is
+refused (data.py; a random order made where the graph does not show it, e.g. in a Python
+generator, is the caller's to keep fixed). `epochs` and `max_updates` count the whole run,
+including what the checkpoint already did.
+
+Exactness: each update's gradient is the mean over the whole effective batch whatever the split
+(steps.py), except with BatchNormalization, which normalizes each micro-batch by its own
+statistics (fit's `batch_norm` option and FitReport.exactness), and random layers (Dropout), which
+draw masks per micro-step: a split update draws other, equally distributed masks than one step
+over the whole batch (exactness "random_draws_per_micro_batch"). With seeded layers a run is
+reproducible for a given sequence of splits.
 
 Only OOMs that TensorFlow raises can be recovered. On CPU with TensorFlow's default oneDNN
 kernels, running out of address space can crash the process instead (FACTS.md; the RLIMIT_AS test
 runs with TF_ENABLE_ONEDNN_OPTS=0 for that reason), and a cgroup memory limit SIGKILLs it; for
 those, checkpoints are the recovery. Layers that write state in the forward pass
-(BatchNormalization's moving statistics) see a failed-and-retried micro-batch twice.
+(BatchNormalization's moving statistics, a SeedGenerator) see a failed-and-retried micro-batch
+twice.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from edgebatch.training.records import FitReport, OomEvent, Progress, UpdateReco
 from edgebatch.training.steps import (
     AccumulatingSteps,
     batch_norm_layers,
+    random_layers,
     refuse_distribution_strategy,
     refuse_unsupported_precision,
 )
@@ -141,7 +152,8 @@ def fit(
     )
     loop.report.batch_norm_layers = normalizers
     loop.report.batch_norm = batch_norm
-    loop.report.exactness = "micro_batch_statistics" if normalizers else "exact"
+    loop.report.random_layers = random_layers(model)
+    loop.report.exactness = _exactness(normalizers, loop.report.random_layers)
     loop.report.unbatched_input = unbatched
     return loop.run()
 
@@ -201,6 +213,15 @@ def _compiled_defaults(model: Any, loss: Any, optimizer: Any) -> tuple[Any, Any]
                 f"fit needs optimizer=... or a compiled model, got neither for model {getattr(model, 'name', model)!r}"
             )
     return loss, optimizer
+
+
+def _exactness(normalizers: list[str], randomized: list[str]) -> str:
+    """What a governed update equals (FitReport.exactness)."""
+    if normalizers:
+        return "micro_batch_statistics"
+    if randomized:
+        return "random_draws_per_micro_batch"
+    return "exact"
 
 
 def _check_batch_norm(model: Any, batch_norm: str) -> list[str]:

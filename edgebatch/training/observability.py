@@ -2,8 +2,9 @@
 
 - `log_dir`: tf.summary scalars per update, step = update number: edgebatch/micro_batch (the
   largest micro-batch that ran: the real batch size the device saw), accumulation_steps,
-  effective_batch (examples in the update), loss, samples_per_second, oom_events, lr_scale and
-  pressure (only when it was read).
+  effective_batch (examples in the update), loss, samples_per_second, step_seconds (the step
+  without waiting for input), input_seconds, oom_events, lr_scale and pressure (only when it was
+  read).
 - `decision_log`: a JSON Lines file with ONE OBJECT PER UPDATE (not per change: a reader filters on
   "changed"), `{"event": "update", ...UpdateRecord.to_dict(), "ooms": [OomEvent...]}`, plus one
   `{"event": "training_error", ...}` line if training had to stop. The file is appended to (a
@@ -68,6 +69,8 @@ class RunLog:
             "effective_batch": record.examples,
             "loss": record.loss,
             "samples_per_second": record.samples_per_second,
+            "step_seconds": record.step_seconds,
+            "input_seconds": record.input_seconds,
             "oom_events": record.oom_events,
             "lr_scale": record.lr_scale,
         }

@@ -108,7 +108,10 @@ class FitReport:
     effective batch whatever the micro-batch split; "micro_batch_statistics" when the model has
     BatchNormalization layers (`batch_norm_layers`, their names): those normalize each micro-batch
     by its own statistics, so an update then equals the plain loop only when the micro-batch is the
-    whole effective batch. `batch_norm` is the fit option that applied ("allow" or
+    whole effective batch; "random_draws_per_micro_batch" when it has no BatchNormalization but
+    layers that draw random numbers in training (`random_layers`: Dropout, random augmentation):
+    each micro-step draws its own masks, so an update is an equally distributed draw, not the plain
+    loop's bit for bit. `batch_norm` is the fit option that applied ("allow" or
     "fixed_micro_batch"). `unbatched_input` is True when fit unbatched a batched dataset.
     """
 
@@ -126,6 +129,7 @@ class FitReport:
     stopped_by_callback: bool = False
     exactness: str = "exact"
     batch_norm_layers: list[str] = field(default_factory=list)
+    random_layers: list[str] = field(default_factory=list)
     batch_norm: str = "allow"
     unbatched_input: bool = False
 
@@ -146,6 +150,7 @@ class FitReport:
             "stopped_by_callback": self.stopped_by_callback,
             "exactness": self.exactness,
             "batch_norm_layers": list(self.batch_norm_layers),
+            "random_layers": list(self.random_layers),
             "batch_norm": self.batch_norm,
             "unbatched_input": self.unbatched_input,
         }

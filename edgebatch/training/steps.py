@@ -34,6 +34,7 @@ __all__ = [
     "AccumulatingSteps",
     "batch_norm_layers",
     "per_example_loss",
+    "random_layers",
     "refuse_distribution_strategy",
     "refuse_unsupported_precision",
 ]
@@ -77,6 +78,20 @@ def batch_norm_layers(model: Any) -> list[str]:
         getattr(layer, "name", type(layer).__name__)
         for layer in _all_layers(model)
         if any(cls.__name__ in _BATCH_NORM_CLASS_NAMES for cls in type(layer).__mro__)
+    ]
+
+
+def random_layers(model: Any) -> list[str]:
+    """Names of the layers that draw random numbers in training (Dropout, random augmentation).
+
+    Keras 3 layers hold SeedGenerators in `_seed_generators`; tf_keras random layers hold a
+    `_random_generator`. Each micro-step draws its own masks, so a split run draws other (equally
+    distributed) masks than one step over the whole batch.
+    """
+    return [
+        getattr(layer, "name", type(layer).__name__)
+        for layer in _all_layers(model)
+        if getattr(layer, "_seed_generators", None) or getattr(layer, "_random_generator", None) is not None
     ]
 
 
