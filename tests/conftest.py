@@ -3,7 +3,7 @@
 import os
 import tempfile
 
-# Keras writes ~/.keras/keras.json on first import (FACTS.md): point it at a throwaway folder
-# before any test imports keras or tensorflow.
+# Keras writes ~/.keras/keras.json on first import (docs/tensorflow-memory.md#installing):
+# point it at a throwaway folder before any test imports keras or tensorflow.
 os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="edgebatch-keras-home-"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

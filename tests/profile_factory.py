@@ -1,10 +1,10 @@
 """A valid DeviceProfile for tests to start from: `make_profile(**overrides)`.
 
-The numbers are the MobileNetV2 (96x96x3) CPU measurements in shared/FACTS.md, so a test that
-reads them sees realistic magnitudes. Overrides replace top-level fields; for the dict fields
-(versions, device, model, search) an override dict is MERGED into the default one, so
-`make_profile(device={"kind": "GPU"})` changes only the kind. The device fingerprint and model key
-are derived from the facts unless given explicitly.
+The numbers are the MobileNetV2 (96x96x3) CPU measurements in
+docs/tensorflow-memory.md#mobilenetv2-line, so a test that reads them sees realistic magnitudes.
+Overrides replace top-level fields; for the dict fields (versions, device, model, search) an
+override dict is MERGED into the default one, so `make_profile(device={"kind": "GPU"})` changes only
+the kind. The device fingerprint and model key are derived from the facts unless given explicitly.
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ _DICT_FIELDS = ("versions", "device", "model", "search")
 
 def make_trial(batch: int, peak_mib: float | None, *, ok: bool = True, error: str | None = None,
                step_seconds: float | None = None, measured: bool = True) -> Trial:
-    """A CPU trial whose peak is the process peak, with the allocator peak ~850 MiB lower (FACTS.md)."""
+    """A CPU trial whose peak is the process peak, with the allocator peak ~850 MiB lower.
+
+    See docs/tensorflow-memory.md#mobilenetv2-line.
+    """
     peak_bytes = None if peak_mib is None else int(peak_mib * MIB)
     return Trial(
         batch=batch,

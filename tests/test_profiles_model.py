@@ -36,7 +36,7 @@ def test_predict_bytes_is_the_line(fixed_bytes, per_sample_bytes, batch, expecte
         (100.0, 10.0, 1000.0, 90),
         (100.0, 10.0, 1009.0, 90),
         (100.0, 0.1, 100.3, 3),  # 100 + 0.1*3 is 100.30000000000001 in floats: must not over-count
-        (849 * MIB, 11.6 * MIB, 2 * GIB, 103),  # FACTS.md MobileNetV2 line at a 2 GiB budget
+        (849 * MIB, 11.6 * MIB, 2 * GIB, 103),  # MobileNetV2 line (docs/tensorflow-memory.md)
         (4 * MIB, 11.8 * MIB, 2 * GIB, 173),
     ],
 )

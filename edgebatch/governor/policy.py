@@ -49,8 +49,9 @@ Update observations, in this order:
 1. Slow step: with step_seconds, the micro-batch it ran at (observation.micro_batch, else the
    current size) and >= 3 earlier samples at that size among the last `slow_step_window`, the
    last `slow_step_patience` steps (this one included) all slower than slow_step_factor x the
-   median of the samples before them are pressure. (FACTS.md: a new size's first step
-   retraces a tf.function, seconds long; the median of >= 3 samples shrugs that outlier off.)
+   median of the samples before them are pressure. (A new size's first step retraces a
+   tf.function, seconds long; the median of >= 3 samples shrugs that outlier off:
+   docs/tensorflow-memory.md#tffunction-retracing.)
    The sample then joins the bounded history.
 2. High pressure: load > shrink_above_pressure, or the hard limit, or psi_some_avg10 >=
    psi_some_avg10_threshold, or a slow step. Calm: not high and load < grow_below_pressure; for a
@@ -83,7 +84,8 @@ Effective batch. Fixed mode: effective = config.effective_batch, accumulation = 
 lr_scale = 1. Elastic mode (floor F = elastic_floor_batch, or none): effective = micro (no
 accumulation) while micro >= F; below F accumulate ceil(F / micro) micro-batches over exactly F
 examples (`split_micro_batches`). lr_scale = (effective / E) for "linear", sqrt(effective / E) for
-"sqrt": the base LR is the one tuned for the target E (FACTS.md: linear for SGD, sqrt for Adam).
+"sqrt": the base LR is the one tuned for the target E (linear for SGD, sqrt for Adam:
+docs/tensorflow-memory.md#formulas).
 """
 
 from __future__ import annotations

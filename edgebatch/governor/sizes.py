@@ -2,8 +2,9 @@
 
 Pure integer arithmetic, no imports beyond the standard library. A size is *legal* for a
 `multiple` m when it is below m (any size) or a whole multiple of m: with m replicas a global batch
-must divide evenly across them (FACTS.md: MirroredStrategy refuses 33 over 2 replicas), while sizes
-below m are left to the caller (usually min_batch is set to m so they never occur).
+must divide evenly across them (MirroredStrategy refuses 33 over 2 replicas, see
+docs/tensorflow-memory.md#tfdistribute-on-cpu), while sizes below m are left to the caller (usually
+min_batch is set to m so they never occur).
 """
 
 from __future__ import annotations

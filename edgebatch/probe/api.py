@@ -52,7 +52,8 @@ def fit_budget_bytes(budget_bytes: int) -> int:
 
 
 # Fresh workers run this many steps at a small batch before their trial, so the resident peak has
-# done its early climbing (FACTS.md) before the trial batch is measured.
+# done its early climbing (docs/tensorflow-memory.md#peak-climbs-over-the-first-steps) before the
+# trial batch is measured.
 PREWARM_STEPS = 5
 
 Progress = Callable[[str], None]
@@ -271,8 +272,9 @@ def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: l
 
     Workers that cannot run this trial (all of them when the search asks for a `fresh` one) are
     closed first: a scout that ran a batch above this one may hold most of the budget in resident
-    memory (FACTS.md: RSS never shrinks), and the next trial must not run beside it. The search
-    rarely climbs back above a worker's largest batch after stepping below it, so little is lost.
+    memory (RSS never shrinks: docs/tensorflow-memory.md#resident-memory-never-shrinks), and the next
+    trial must not run beside it. The search rarely climbs back above a worker's largest batch
+    after stepping below it, so little is lost.
     """
     usable = None if fresh else next((worker for worker in workers if worker.can_run(batch)), None)
     for worker in [w for w in workers if w is not usable]:

@@ -1,8 +1,8 @@
 """One probe trial: a few real training steps at batch B on synthetic data, with memory readings.
 
 This is the TensorFlow side of the probe and runs inside a worker process (see worker.py). The
-step is traced once with the batch dimension None (FACTS.md: no retrace across batch sizes), so a
-trial costs its steps, not a trace.
+step is traced once with the batch dimension None (no retrace across batch sizes, see
+docs/tensorflow-memory.md#tffunction-retracing), so a trial costs its steps, not a trace.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from edgebatch.sensors import (
 )
 
 DEFAULT_VOCABULARY = 1000
-# FACTS.md: a process's resident peak climbs in 40-250 MiB jumps over the first 5-11 steps at a
-# new size, so a 3-step trial reads 5-10% low (seen here too: small_cnn at 384 read 1.44 GiB in
-# 4 steps, 1.59 GiB in a fresh 10-step process). Steps continue, within --trial-seconds, until
-# the peak has not moved for SETTLE_STEPS steps, up to MAX_STEPS_PER_TRIAL.
+# A process's resident peak climbs in 40-250 MiB jumps over the first 5-11 steps at a new size
+# (docs/tensorflow-memory.md#peak-climbs-over-the-first-steps), so a 3-step trial reads 5-10% low
+# (seen here too: small_cnn at 384 read 1.44 GiB in 4 steps, 1.59 GiB in a fresh 10-step process).
+# Steps continue, within --trial-seconds, until the peak has not moved for SETTLE_STEPS steps, up to
+# MAX_STEPS_PER_TRIAL.
 MAX_STEPS_PER_TRIAL = 14
 SETTLE_STEPS = 3
 SETTLE_FRACTION = 0.002

@@ -1,8 +1,9 @@
 """Probe trials run in worker processes; this module is both sides of that.
 
-Why workers (FACTS.md): on CPU a process's resident memory never shrinks after TensorFlow grew it,
-a real OOM can segfault the process (oneDNN convolutions) or get it SIGKILLed (cgroup limit), and
-memory held after a failed trial makes every later trial near the boundary fail. So:
+Why workers (see docs/tensorflow-memory.md): on CPU a process's resident memory never shrinks
+after TensorFlow grew it, a real OOM can segfault the process (oneDNN convolutions) or get it
+SIGKILLed (cgroup limit), and memory held after a failed trial makes every later trial near the
+boundary fail. So:
 
 - a worker's readings stay right only while its batches grow: `Worker.can_run(batch)` is True for a
   batch above every batch it ran, and never after an OOM. The probe keeps one "scout" worker for
@@ -11,9 +12,10 @@ memory held after a failed trial makes every later trial near the boundary fail.
   small_cnn the answer was 338 against a fresh-process truth of 342; on dense_wide 290 against
   332, see BENCHMARKS.md);
 - a fresh worker first runs a few cheap steps at the start batch (`prewarm`), so that the resident
-  peak has climbed as it does over the first steps of real training (FACTS.md: it climbs for 5-11
-  steps) before the trial batch is measured; an address-space cap (`address_space_headroom_bytes`)
-  is set after the prewarm, over the worker's size then;
+  peak has climbed as it does over the first steps of real training (it climbs for 5-11 steps:
+  docs/tensorflow-memory.md#peak-climbs-over-the-first-steps) before the trial batch is measured;
+  an address-space cap (`address_space_headroom_bytes`) is set after the prewarm, over the
+  worker's size then;
 - a worker that dies (segfault, SIGKILL) is an OOM outcome, and the probe goes on;
 - a worker that does not answer in time (`trial_deadline_seconds`, `STARTUP_DEADLINE_SECONDS`) is
   killed. If its swap grew meanwhile the trial failed ("swapped": thrashing is how a batch too big
@@ -84,7 +86,8 @@ class WorkerSetup:
     prewarm_batch: int | None = None
     prewarm_steps: int = 0
     # Cap the worker's address space at (its size after setup + this many bytes), so that an
-    # over-budget allocation fails as a clean ResourceExhaustedError (FACTS.md: RLIMIT_AS).
+    # over-budget allocation fails as a clean ResourceExhaustedError
+    # (docs/tensorflow-memory.md#address-space-caps).
     address_space_headroom_bytes: int | None = None
     # Reply deadlines (parent side): the start-up's, and a trial's (None: trial_deadline_seconds).
     startup_deadline_seconds: float = STARTUP_DEADLINE_SECONDS

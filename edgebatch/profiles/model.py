@@ -48,9 +48,10 @@ class Trial:
 class MemoryModel:
     """Least-squares line peak_bytes = fixed_bytes + per_sample_bytes x batch over successful trials.
 
-    FACTS.md: peak memory is linear in batch to within ~13 MiB over a wide range, with steps and
-    dips of +-40 MiB at fine scale, so the line predicts the neighbourhood of the ceiling, not the
-    ceiling itself; the probe still has to try batches near the boundary.
+    Peak memory is linear in batch to within ~13 MiB over a wide range, with steps and dips of
+    +-40 MiB at fine scale (docs/tensorflow-memory.md#mobilenetv2-line and the sections after it),
+    so the line predicts the neighbourhood of the ceiling, not the ceiling itself; the probe still
+    has to try batches near the boundary.
     """
 
     fixed_bytes: float

@@ -4,8 +4,9 @@ No psutil, no TensorFlow: only `<proc_root>/self/cgroup` and the files under `<c
 parameters, so tests feed fake directory trees. `edgebatch.sensors.host` re-exports everything here.
 
 Why a cgroup limit matters more than RAM: under a cgroup limit the kernel SIGKILLs the process
-(exit 137) with no Python exception (FACTS.md), so the limit is the real ceiling a probe must stay
-under, and it is often far below the machine's RAM that psutil reports.
+(exit 137) with no Python exception (docs/tensorflow-memory.md#cgroup-limits-kill), so the limit is the
+real ceiling a probe must stay under, and it is often far below the machine's RAM that psutil
+reports.
 """
 
 from __future__ import annotations

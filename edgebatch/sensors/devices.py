@@ -162,7 +162,10 @@ def _describe_tensorflow() -> tuple[dict[str, Any] | None, list[dict[str, Any]]]
 
 
 def _keras_version() -> str | None:
-    """The version of the Keras that tf.keras resolves to, read without importing it (5 s, FACTS.md)."""
+    """The version of the Keras that tf.keras resolves to, read without importing it (5 s).
+
+    Import times: docs/tensorflow-memory.md#installing.
+    """
     legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
     try:
         return metadata.version("tf_keras" if legacy else "keras")

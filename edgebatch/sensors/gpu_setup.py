@@ -2,7 +2,8 @@
 
 Without memory growth TensorFlow reserves nearly all GPU memory at start-up, so NVML reports a
 full GPU whatever the batch size, and other processes on the GPU are starved. Growth can only be
-set before TensorFlow initialises the GPUs (FACTS.md), which any op or model build does.
+set before TensorFlow initialises the GPUs, which any op or model build does
+(docs/tensorflow-memory.md#gpu-memory-growth).
 """
 
 from __future__ import annotations

@@ -215,7 +215,8 @@ def process_swap_bytes(proc_root: str | Path = "/proc", pid: int | str = "self")
 def reset_process_peak_rss(proc_root: str | Path = "/proc") -> bool:
     """Reset VmHWM to the current RSS (writes 5 to clear_refs); False where that is not permitted.
 
-    ru_maxrss never resets within a process; clear_refs is the only way (FACTS.md).
+    ru_maxrss never resets within a process; clear_refs is the only way
+    (docs/tensorflow-memory.md#resident-memory-never-shrinks).
     """
     path = Path(proc_root) / "self" / "clear_refs"
     try:

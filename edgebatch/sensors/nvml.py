@@ -244,7 +244,8 @@ def _initialised_nvml(nvml: Any) -> Any | None:
             nvml.nvmlInit()
             initialised = True
         except _nvml_errors(nvml):
-            # NVMLError_LibraryNotFound on machines without a driver (FACTS.md), DriverNotLoaded,
+            # NVMLError_LibraryNotFound on machines without a driver
+            # (docs/tensorflow-memory.md#nvml-without-a-gpu), DriverNotLoaded,
             # LibRmVersionMismatch after a driver update without reboot, ...: all mean "no GPUs".
             initialised = False
         _init_results[id(nvml)] = (nvml, initialised)

@@ -1,4 +1,6 @@
-"""TensorFlow's own allocator statistics for one device (CPU:0 works too, see FACTS.md).
+"""TensorFlow's own allocator statistics for one device (CPU:0 works too).
+
+See docs/tensorflow-memory.md#allocator-statistics.
 
 TensorFlow is imported inside the functions, so importing this module costs nothing.
 """
@@ -23,7 +25,7 @@ def read_allocator(device: str = "CPU:0") -> AllocatorMemory | None:
     """The allocator's current and peak bytes on `device` ('CPU:0', 'GPU:1', '/device:GPU:0').
 
     None when TensorFlow refuses: no such device, or CPU with oneDNN off (TF_ENABLE_ONEDNN_OPTS=0
-    makes get_memory_info('CPU:0') raise ValueError, FACTS.md).
+    makes get_memory_info('CPU:0') raise ValueError: docs/tensorflow-memory.md#allocator-statistics).
     """
     import tensorflow as tf
 

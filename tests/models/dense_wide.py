@@ -1,9 +1,10 @@
 """A dense-only model with large activations and few weights, for tests under address-space caps.
 
 Dense (matmul) kernels raise a clean ResourceExhaustedError when an allocation fails under
-RLIMIT_AS; oneDNN convolutions can segfault instead (FACTS.md). Each sample carries a 2048 x 64
-float tensor through two Dense layers, so memory grows about 2-3 MiB per sample while the weights
-stay under 100 KiB.
+RLIMIT_AS; oneDNN convolutions can segfault instead
+(docs/tensorflow-memory.md#onednn-convolutions-can-crash). Each sample carries a 2048 x 64 float
+tensor through two Dense layers, so memory grows about 2-3 MiB per sample while the weights stay
+under 100 KiB.
 """
 
 import keras
