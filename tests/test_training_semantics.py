@@ -298,3 +298,34 @@ def test_keras_early_stopping_and_a_callback_of_the_wrong_kind():
     with pytest.raises(UsageError, match="callbacks must be keras.callbacks.Callback"):
         fit(make_model(), make_dataset(x, y), loss=make_loss(), optimizer=make_optimizer("sgd"),
             effective_batch=EFFECTIVE, callbacks=[lambda: None])
+
+
+def test_tf_keras_compile_defaults_callbacks_and_resume(tmp_path):
+    tf_keras = pytest.importorskip("tf_keras")
+    x, y = make_data(32)
+    reference = make_model(tf_keras)
+    optimizer = make_optimizer("adam", tf_keras)
+    for _ in range(2):
+        for start in range(0, 32, EFFECTIVE):
+            with tf.GradientTape() as tape:
+                value = make_loss(tf_keras)(y[start:start + EFFECTIVE], reference(x[start:start + EFFECTIVE], training=True))
+            optimizer.apply_gradients(zip(tape.gradient(value, reference.trainable_variables),
+                                          reference.trainable_variables))
+
+    class Count(tf_keras.callbacks.Callback):
+        batches = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            Count.batches += 1
+
+    def run(**kwargs):
+        model = make_model(tf_keras)
+        model.compile(optimizer=make_optimizer("adam", tf_keras), loss=make_loss(tf_keras))
+        report = fit(model, make_dataset(x, y).batch(5), effective_batch=EFFECTIVE, governor=governor(ceiling=3),
+                     epochs=2, checkpoint_dir=str(tmp_path), callbacks=[Count()], **kwargs)
+        return model, report
+
+    run(max_updates=3)
+    model, report = run()
+    assert report.resumed_from.updates == 3 and Count.batches == 8
+    assert max_weight_diff(model.get_weights(), reference.get_weights()) < 1e-4
