@@ -1,9 +1,9 @@
 """Whether the supervisor restarts a training child that ended, and what it reports: pure, no I/O.
 
 The supervisor (supervisor.py) runs training in a child process because the failures it exists
-for cannot be caught inside that process: the kernel's OOM killer sends SIGKILL, and oneDNN aborts
-with SIGABRT when it cannot allocate (FACTS.md; one governed run in nine under an address-space
-cap). A crash like that is retried from the last checkpoint. Anything else is the program's own
+for cannot be caught inside that process: a cgroup limit SIGKILLs it, and oneDNN out of address
+space crashes it with SIGSEGV or SIGABRT (docs/tensorflow-memory.md, "oneDNN convolutions can
+crash" and "cgroup limits kill"). A crash like that is retried from the last checkpoint. Anything else is the program's own
 answer and is passed through: exit 0 is success, a non-zero exit is a Python exception or a
 deliberate `sys.exit`, and a death by SIGTERM, SIGINT or SIGHUP is someone stopping the job, so
 restarting any of those would only repeat the failure or fight the user.
