@@ -163,3 +163,21 @@ def test_embedding_gradients_stay_sparse_and_match_plain_fit(optimizer):
     assert all(name != "IndexedSlices" for name in seen[1:3])
     assert max_weight_diff(model.get_weights(), plain.get_weights()) < 1e-4
     assert max_weight_diff(model.get_weights(), build().get_weights()) > 1e-3  # it trained
+
+
+def test_batch_norm_is_named_and_a_strategy_is_refused():
+    import keras
+
+    init = keras.initializers.GlorotUniform(seed=1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, kernel_initializer=init),
+                              keras.layers.BatchNormalization(name="bn"), keras.layers.Dense(3)])
+    model.compile(optimizer=make_optimizer("sgd"), loss=make_loss())
+    with pytest.warns(UserWarning, match="'bn'"):
+        controller = keras_integration.enable_micro_batching(model, Governor(GovernorConfig(ceiling_batch=4, effective_batch=8)))
+    assert controller.batch_norm_layers == ["bn"]
+    assert keras_integration.enable_micro_batching(
+        compiled_model(keras), Governor(GovernorConfig(ceiling_batch=4, effective_batch=8))).batch_norm_layers == []
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        distributed = compiled_model(keras)
+    with pytest.raises(UsageError, match="OneDeviceStrategy"):
+        keras_integration.enable_micro_batching(distributed, Governor(GovernorConfig(ceiling_batch=4, effective_batch=8)))

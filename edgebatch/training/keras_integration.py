@@ -14,7 +14,9 @@ PressureReader and the batch time, and writes its decision into the variable.
 
 Works with Keras 3 (`import keras`) and tf_keras (`import tf_keras`) models; `_KERAS3`/`_TF_KERAS`
 hold the few calls that differ. Mixed precision works (the loss-scale optimizer sees one
-accumulated gradient per batch). Not supported: distribution strategies, XLA (`jit_compile=True`:
+accumulated gradient per batch). BatchNormalization normalizes each micro-batch by its own
+statistics: enable_micro_batching warns and names the layers (`controller.batch_norm_layers`).
+Not supported: distribution strategies (refused), XLA (`jit_compile=True`:
 dynamic micro-batch slices in a loop do not compile; enable_micro_batching turns it off), the
 governor's elastic mode (fit's batch size is fixed; use edgebatch.training.fit).
 
@@ -35,12 +37,14 @@ import dataclasses
 import functools
 import time
 import types
+import warnings
 from typing import Any
 
 import keras
 
 from edgebatch.errors import UsageError
 from edgebatch.governor import Decision, Governor, Observation, PressureReader
+from edgebatch.training.steps import batch_norm_layers, refuse_distribution_strategy
 
 __all__ = ["GovernorCallback", "MicroBatchController", "TfKerasGovernorCallback", "enable_micro_batching"]
 
@@ -118,7 +122,9 @@ class MicroBatchController:
     """The link between a Governor (Python) and the compiled train_step (graph): one tf.Variable.
 
     `micro_batch` (tf.Variable int32) is what train_step reads; `traces` counts train_step traces;
-    `decisions` lists the governor's changes (with the batch number) made during fit.
+    `decisions` lists the governor's changes (with the batch number) made during fit;
+    `batch_norm_layers` names the model's BatchNormalization layers (then a batch equals plain fit's
+    only up to micro-batch statistics).
     """
 
     def __init__(self, model: Any, governor: Governor, pressure_reader: PressureReader | None = None) -> None:
@@ -133,6 +139,7 @@ class MicroBatchController:
         self.traces = 0
         self.batches = 0
         self.decisions: list[dict[str, Any]] = []
+        self.batch_norm_layers: list[str] = []
 
     def observe_batch(self, step_seconds: float | None) -> Decision:
         """One fit batch finished: read pressure, let the governor observe it, apply its decision."""
@@ -177,10 +184,19 @@ def enable_micro_batching(
             "use edgebatch.training.fit for elastic mode"
         )
     world = _world_of(model)
+    refuse_distribution_strategy(model)
     compiled = getattr(model, "compiled", getattr(model, "_is_compiled", False))
     if not compiled or getattr(model, "optimizer", None) is None:
         raise UsageError(f"compile model {model.name!r} before enable_micro_batching (compile resets train_step settings)")
     controller = MicroBatchController(model, governor, pressure_reader)
+    controller.batch_norm_layers = batch_norm_layers(model)
+    if controller.batch_norm_layers:
+        warnings.warn(
+            f"edgebatch micro-batching: BatchNormalization layers {controller.batch_norm_layers!r} normalize each "
+            "micro-batch by its own statistics, so a batch equals plain fit's only up to those statistics "
+            "(edgebatch.training.fit offers batch_norm='fixed_micro_batch')",
+            stacklevel=2,
+        )
     # Slicing by a runtime size inside a loop does not compile under XLA, and Keras 3 picks
     # jit_compile=True on GPUs by default ("auto").
     if getattr(model, "jit_compile", False):
