@@ -298,6 +298,9 @@ def test_keras_early_stopping_and_a_callback_of_the_wrong_kind():
     with pytest.raises(UsageError, match="callbacks must be keras.callbacks.Callback"):
         fit(make_model(), make_dataset(x, y), loss=make_loss(), optimizer=make_optimizer("sgd"),
             effective_batch=EFFECTIVE, callbacks=[lambda: None])
+    with pytest.raises(UsageError, match="callbacks must be a list"):
+        fit(make_model(), make_dataset(x, y), loss=make_loss(), optimizer=make_optimizer("sgd"),
+            effective_batch=EFFECTIVE, callbacks=42)
 
 
 def test_tf_keras_compile_defaults_callbacks_and_resume(tmp_path):
@@ -329,3 +332,26 @@ def test_tf_keras_compile_defaults_callbacks_and_resume(tmp_path):
     model, report = run()
     assert report.resumed_from.updates == 3 and Count.batches == 8
     assert max_weight_diff(model.get_weights(), reference.get_weights()) < 1e-4
+
+
+def test_checkpointing_refuses_unseeded_random_augmentation_and_resumes_a_seeded_one(tmp_path):
+    x, y = make_data(32)
+
+    def augmented(seed):
+        return make_dataset(x, y).map(lambda xi, yi: (xi + tf.random.uniform([FEATURES], seed=seed), yi))
+
+    with pytest.raises(UsageError, match="random numbers without a seed.*RandomUniform"):
+        fit(make_model(), augmented(None), loss=make_loss(), optimizer=make_optimizer("sgd"),
+            effective_batch=EFFECTIVE, checkpoint_dir=str(tmp_path / "refused"))
+
+    def run(checkpoint_dir=None, **kwargs):
+        model = make_model()
+        fit(model, augmented(11), loss=make_loss(), optimizer=make_optimizer("adam"), effective_batch=EFFECTIVE,
+            governor=governor(), epochs=2, checkpoint_dir=checkpoint_dir, **kwargs)
+        return model
+
+    uninterrupted = run()
+    run(str(tmp_path / "ckpt"), max_updates=3)
+    resumed = run(str(tmp_path / "ckpt"))
+    # The skipped examples still run through the map, so the seeded op's draws line up again.
+    assert max_weight_diff(resumed.get_weights(), uninterrupted.get_weights()) < 1e-4

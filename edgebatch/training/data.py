@@ -96,10 +96,18 @@ def refuse_unreplayable_order(dataset: Any) -> None:
 
     `shuffle(..., reshuffle_each_iteration=True)` (tf.data's default) draws a new order for every
     epoch, and a shuffle without a seed (op seed 0 and no global seed: both graph seeds 0) draws a
-    new order in every process, so skipping the examples a checkpoint consumed would skip other
+    new order in every process, as does a stateful random op (augmentation in a map function)
+    without a seed, so skipping the examples a checkpoint consumed would skip other
     examples than those trained on.
     """
     for node, constants in _graph_nodes(dataset):
+        if "seed" in node.attr and "seed2" in node.attr and node.attr["seed"].i == 0 and node.attr["seed2"].i == 0:
+            # A stateful random op (tf.random.uniform in a map function) without op or global seed.
+            raise UsageError(
+                f"with checkpoint_dir, the dataset must yield the same examples in every process, but it draws "
+                f"random numbers without a seed ({node.op} {node.name!r}): pass seed= to the random op, or use "
+                "tf.random.stateless_* with a seed"
+            )
         if not node.op.startswith(("ShuffleDataset", "ShuffleAndRepeatDataset")):
             continue
         if "reshuffle_each_iteration" in node.attr and node.attr["reshuffle_each_iteration"].b:

@@ -254,6 +254,8 @@ def _callback_list(model: Any, callbacks: Any, epochs: int) -> Any:
         return callbacks
     if isinstance(callbacks, world.callbacks.Callback):
         callbacks = [callbacks]
+    if not isinstance(callbacks, (list, tuple)):
+        raise UsageError(f"callbacks must be a list of {world.__name__}.callbacks.Callback objects, got {callbacks!r}")
     callbacks = list(callbacks)
     for callback in callbacks:
         if not isinstance(callback, world.callbacks.Callback):
