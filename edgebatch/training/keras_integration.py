@@ -10,7 +10,9 @@ loss, as `compute_loss` returns it, weighted by piece size / batch size; regular
 out once; sparse Embedding gradients stay sparse) and applies them once. Metrics and the loss shown by fit are updated piece by piece and
 equal a whole-batch step's. The callback (`GovernorCallback` for Keras 3, `TfKerasGovernorCallback`
 for tf_keras; `controller.callback()` picks) feeds the governor after every batch from a
-PressureReader and the batch time, and writes its decision into the variable.
+PressureReader and the batch time, and writes its decision into the variable. That batch time
+includes reading the batch: model.fit's compiled train function takes it from the dataset
+iterator itself (edgebatch.training.fit times the step without the input wait).
 
 Works with Keras 3 (`import keras`) and tf_keras (`import tf_keras`) models; `_KERAS3`/`_TF_KERAS`
 hold the few calls that differ. Mixed precision works (the loss-scale optimizer sees one
