@@ -98,11 +98,14 @@ CHILD = textwrap.dedent(
 
 
 def kill_plan(seed: int) -> dict[int, str]:
-    """One kill per phase, in a seeded order, at seeded distinct updates (not the first, so every
-    restart has a checkpoint to resume from)."""
+    """One kill per phase, in a seeded order, at seeded updates: not the first (so every restart has
+    a checkpoint to resume from), not the last, and two apart (so every restarted child logs an
+    update before the next kill)."""
     rng = random.Random(seed)
-    updates = sorted(rng.sample(range(2, EXAMPLES * EPOCHS // EFFECTIVE + 1), len(PHASES)))
-    return dict(zip(updates, rng.sample(PHASES, len(PHASES))))
+    while True:
+        updates = sorted(rng.sample(range(2, EXAMPLES * EPOCHS // EFFECTIVE), len(PHASES)))
+        if all(later - earlier >= 2 for earlier, later in zip(updates, updates[1:])):
+            return dict(zip(updates, rng.sample(PHASES, len(PHASES))))
 
 
 @pytest.mark.slow
