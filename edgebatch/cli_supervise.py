@@ -16,7 +16,8 @@ from edgebatch.training.supervisor import DEFAULT_MAX_RESTARTS
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--max-restarts", type=click.IntRange(min=0), default=DEFAULT_MAX_RESTARTS, show_default=True,
-              help="Restart the command at most this many times after it is killed (SIGKILL, SIGABRT, SIGSEGV, SIGBUS).")
+              help="Restart the command at most this many times after a crash kills it "
+                   "(SIGKILL, SIGABRT, SIGSEGV, SIGBUS).")
 @click.option("--checkpoint-dir", default=None, metavar="DIR",
               help="The checkpoint_dir the command passes to edgebatch.fit: the supervisor reads there which "
                    "micro-batch was running when the child died, and tells the restarted child's governor.")

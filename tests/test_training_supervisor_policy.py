@@ -14,7 +14,7 @@ from edgebatch.training.hard_failure import (
     read_running_micro_batch,
     take_hard_failure_micro_batch,
 )
-from edgebatch.training.restart_policy import ChildRun, SupervisorReport, crash_signal_of, restart_decision
+from edgebatch.training.restart_policy import ChildRun, SupervisorReport, death_signal_of, restart_decision
 
 # returncode, restarts_done, max_restarts, stop_requested -> restart, exit_code
 DECISIONS = [
@@ -58,11 +58,11 @@ def test_reasons_say_why():
     assert "exited with code 1" in error.reason and "not restarted" in error.reason
 
 
-def test_crash_signal_of():
-    assert crash_signal_of(-9).name == "SIGKILL"
-    assert crash_signal_of(-15).name == "SIGTERM"
-    assert crash_signal_of(139).name == "SIGSEGV"
-    assert crash_signal_of(0) is None and crash_signal_of(1) is None and crash_signal_of(143) is None
+def test_death_signal_of():
+    assert death_signal_of(-9).name == "SIGKILL"
+    assert death_signal_of(-15).name == "SIGTERM"
+    assert death_signal_of(139).name == "SIGSEGV"
+    assert death_signal_of(0) is None and death_signal_of(1) is None and death_signal_of(143) is None
 
 
 def test_report_summary_and_dict():

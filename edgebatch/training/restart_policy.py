@@ -3,10 +3,11 @@
 The supervisor (supervisor.py) runs training in a child process because the failures it exists
 for cannot be caught inside that process: a cgroup limit SIGKILLs it, and oneDNN out of address
 space crashes it with SIGSEGV or SIGABRT (docs/tensorflow-memory.md, "oneDNN convolutions can
-crash" and "cgroup limits kill"). A crash like that is retried from the last checkpoint. Anything else is the program's own
-answer and is passed through: exit 0 is success, a non-zero exit is a Python exception or a
-deliberate `sys.exit`, and a death by SIGTERM, SIGINT or SIGHUP is someone stopping the job, so
-restarting any of those would only repeat the failure or fight the user.
+crash" and "cgroup limits kill"). A crash like that is retried from the last checkpoint.
+Anything else is the program's own answer and is passed through: exit 0 is success, a non-zero
+exit is a Python exception or a deliberate `sys.exit`, and a death by SIGTERM, SIGINT or SIGHUP is
+someone stopping the job, so restarting any of those would only repeat the failure or fight the
+user.
 
 Return codes follow `subprocess.Popen`: a negative code -N means the child died by signal N. A
 wrapper shell (`sh -c ...`, a launcher script) reports its own child's death by signal N as exit
@@ -18,7 +19,14 @@ from __future__ import annotations
 import signal
 from dataclasses import asdict, dataclass
 
-__all__ = ["CRASH_SIGNALS", "ChildRun", "RestartDecision", "SupervisorReport", "crash_signal_of", "restart_decision"]
+__all__ = [
+    "CRASH_SIGNALS",
+    "ChildRun",
+    "RestartDecision",
+    "SupervisorReport",
+    "death_signal_of",
+    "restart_decision",
+]
 
 # Deaths that mean "the process crashed" (out of memory, or memory corruption), not "was stopped".
 CRASH_SIGNALS = frozenset({signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS})
@@ -88,7 +96,7 @@ class SupervisorReport:
         return "\n".join(lines)
 
 
-def crash_signal_of(returncode: int) -> signal.Signals | None:
+def death_signal_of(returncode: int) -> signal.Signals | None:
     """The signal a return code reports a death by (Popen's -N, or a shell's 128 + N for a crash
     signal), or None for a normal exit. Only crash signals are read from 128 + N: a program may
     exit with 130 on purpose, but 137 (SIGKILL) is not an exit status a program chooses."""
@@ -100,7 +108,9 @@ def crash_signal_of(returncode: int) -> signal.Signals | None:
     return next((crash for crash in CRASH_SIGNALS if crash == returncode - SHELL_SIGNAL_BASE), None)
 
 
-def restart_decision(*, returncode: int, restarts_done: int, max_restarts: int, stop_requested: bool) -> RestartDecision:
+def restart_decision(
+    *, returncode: int, restarts_done: int, max_restarts: int, stop_requested: bool
+) -> RestartDecision:
     """Restart the child, or stop with which exit code.
 
     Args:
@@ -113,22 +123,22 @@ def restart_decision(*, returncode: int, restarts_done: int, max_restarts: int, 
         A RestartDecision; `exit_code` is the child's own on a normal exit, 128 + N after a death by
         signal N (the shell's convention).
     """
-    died_by = crash_signal_of(returncode)
+    died_by = death_signal_of(returncode)
     if returncode < 0 and died_by is None:  # an unnamed signal: still a death, not an exit status
-        return RestartDecision(restart=False, exit_code=SHELL_SIGNAL_BASE - returncode,
-                               reason=f"the child died by signal {-returncode}, which is not a crash edgebatch restarts")
+        reason = f"the child died by signal {-returncode}, which is not a crash edgebatch restarts"
+        return RestartDecision(restart=False, exit_code=SHELL_SIGNAL_BASE - returncode, reason=reason)
     if returncode == 0:
         return RestartDecision(restart=False, exit_code=0, reason="the child finished (exit code 0)")
     if died_by is None:
-        return RestartDecision(restart=False, exit_code=returncode,
-                               reason=f"the child exited with code {returncode} (an error in the program, not restarted)")
+        reason = f"the child exited with code {returncode} (an error in the program, not restarted)"
+        return RestartDecision(restart=False, exit_code=returncode, reason=reason)
     exit_code = SHELL_SIGNAL_BASE + int(died_by)
     if stop_requested:
-        return RestartDecision(restart=False, exit_code=exit_code,
-                               reason=f"the child died by {died_by.name} after it was asked to stop (not restarted)")
+        reason = f"the child died by {died_by.name} after it was asked to stop (not restarted)"
+        return RestartDecision(restart=False, exit_code=exit_code, reason=reason)
     if died_by not in CRASH_SIGNALS:
-        return RestartDecision(restart=False, exit_code=exit_code,
-                               reason=f"the child was stopped by {died_by.name}, which is not a crash edgebatch restarts")
+        reason = f"the child was stopped by {died_by.name}, which is not a crash edgebatch restarts"
+        return RestartDecision(restart=False, exit_code=exit_code, reason=reason)
     if restarts_done >= max_restarts:
         return RestartDecision(restart=False, exit_code=exit_code,
                                reason=f"the child died by {died_by.name} and all {max_restarts} restart(s) are spent")

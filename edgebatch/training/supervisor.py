@@ -37,7 +37,7 @@ from edgebatch.training.hard_failure import (
     clear_running_marker,
     read_running_micro_batch,
 )
-from edgebatch.training.restart_policy import ChildRun, SupervisorReport, crash_signal_of, restart_decision
+from edgebatch.training.restart_policy import ChildRun, SupervisorReport, death_signal_of, restart_decision
 
 __all__ = ["DEFAULT_MAX_RESTARTS", "ENV_RESTART", "supervise"]
 
@@ -94,7 +94,7 @@ def supervise(
                 raise UsageError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from exc
             returncode = forwarder.wait(child)
             seconds = time.monotonic() - started
-            died_by = crash_signal_of(returncode)
+            died_by = death_signal_of(returncode)
             running_micro_batch = (
                 read_running_micro_batch(checkpoint_dir) if died_by is not None and checkpoint_dir is not None else None
             )
@@ -119,7 +119,7 @@ def _check_command(argv: Sequence[str]) -> list[str]:
         raise UsageError(f"the command must be a list of arguments like ['python', 'train.py'], got {argv!r}")
     command = [os.fspath(part) for part in argv]
     if not command or not command[0]:
-        raise UsageError(f"the command to supervise is empty, got {argv!r}: pass it after `--`, e.g. -- python train.py")
+        raise UsageError(f"the command to supervise is empty, got {argv!r}: pass it after `--`, like -- python train.py")
     return command
 
 
