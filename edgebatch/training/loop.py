@@ -116,7 +116,8 @@ def fit(
     `batch_norm`: BatchNormalization normalizes each micro-batch by its own statistics, so with
     it the split changes the result. "allow" (default) trains anyway and warns once per model;
     "fixed_micro_batch" keeps the governor's starting micro-batch (it shrinks only on an OOM; no
-    pressure or slow-step change), so the statistics are those of a fixed, known batch size;
+    pressure or slow-step change), so the statistics are those of a fixed, known batch size (the
+    last piece of an update is smaller unless effective_batch is a multiple of the micro-batch);
     "refuse" raises UsageError. The FitReport says which layers and what exactness held.
     The optimizer's base learning rate is put back when fit returns (elastic mode scales it).
     TensorBoard scalars go to `log_dir`, one JSON line per update to `decision_log`
