@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import MIB, Stat
+from harness import MIB, Stat, stat_of
 
 PLOTS = {
     "memory": "memory_vs_batch.png",
@@ -67,17 +67,43 @@ def targets(results: dict) -> list[list[str]]:
         rows.append(["governed >= 0.95 x oracle samples/s, no pressure", fmt(ratio, 3),
                      _verdict(None if ratio is None else ratio.median >= 0.95)])
         pressure = (training.get("pressure") or {}).get("summary") or {}
-        governed = [s for label, s in pressure.items() if label.startswith("governed") and s["runs"]]
-        static = [s for label, s in pressure.items() if label.startswith("static") and s["runs"]]
-        if governed and static:
-            done = sum(s["completed_runs"] for s in governed), sum(s["runs"] for s in governed)
-            static_done = sum(s["completed_runs"] for s in static), sum(s["runs"] for s in static)
-            ok = done[0] == done[1] and static_done[0] < static_done[1]
-            rows.append(["completes where a static batch at the ceiling fails",
-                         f"governed completed {done[0]}/{done[1]}, static {static_done[0]}/{static_done[1]}", _verdict(ok)])
+
+        def kind_of(label: str, s: dict) -> str:  # results before the supervised arm have no "kind"
+            return s.get("kind") or label.split(",")[0]
+
+        def done_of(kind: str) -> tuple[int, int]:
+            chosen = [s for label, s in pressure.items() if kind_of(label, s) == kind and s["runs"]]
+            return sum(s["completed_runs"] for s in chosen), sum(s["runs"] for s in chosen)
+
+        governed, supervised, static = done_of("governed"), done_of("supervised"), done_of("static")
+        judged = supervised if supervised[1] else governed
+        if judged[1] and static[1]:
+            ok = judged[0] == judged[1] and static[0] < static[1]
+            measured = f"governed completed {governed[0]}/{governed[1]}, static {static[0]}/{static[1]}"
+            if supervised[1]:
+                measured = (f"governed + supervisor completed {supervised[0]}/{supervised[1]}, " + measured
+                            + " (verdict on the supervised runs)")
+            rows.append(["completes where a static batch at the ceiling fails", measured, _verdict(ok)])
         else:
             rows.append(["completes where a static batch at the ceiling fails", "-", _verdict(None)])
+    rows += neighbour_targets(sections.get("neighbour") or {})
     return rows
+
+
+def neighbour_targets(n: dict) -> list[list[str]]:
+    """Issue 10 (b): a neighbour takes memory and leaves; the governed run follows it down and back up."""
+    summary = n.get("summary") or {}
+    governed, static = summary.get("governed") or {}, summary.get("static") or {}
+    if not governed.get("runs"):
+        return [["a neighbour takes memory and leaves: governed completes, recovers >= 0.9x samples/s",
+                 n.get("unavailable") or "-", _verdict(None)]] if n else []
+    done, runs = governed["completed_runs"], governed["runs"]
+    filled = governed.get("pressure_runs", runs)
+    measured = (f"neighbour filled in {filled}/{runs} runs; governed completed {done}/{runs} (static {static.get('completed_runs', 0)}/{static.get('runs', 0)}); "
+                f"OOMs per pressure event {fmt(governed['ooms_in_pressure_event'], 0)}; recovered in "
+                f"{governed['recovered_runs']}/{runs} runs, {fmt(governed['recovered_seconds'], 1)} s after the release")
+    ok = done == runs and governed["recovered_runs"] == runs if filled == runs else None
+    return [["a neighbour takes memory and leaves: governed completes, recovers >= 0.9x samples/s", measured, _verdict(ok)]]
 
 
 def _probe_targets(scenario: dict) -> list[list[str]]:
@@ -214,11 +240,16 @@ def training_lines(t: dict) -> list[str]:
         lines += ["", f"Pressure: {p['model']} under an address-space cap (MiB over the process's size after setup); "
                   f"the static loop runs at the ceiling {p['ceiling_batch']}; the governed run starts at that ceiling with "
                   f"effective batch {p['ceiling_batch']}; {p['updates_planned']} updates planned; {p['repeats']} "
-                  "repeat(s) per row.", ""]
+                  "repeat(s) per row. 'governed + supervisor' is the governed run under `edgebatch supervise` with a "
+                  "checkpoint every 2 updates: a child killed by a signal (oneDNN's `dnnl::error` abort) is restarted "
+                  "from its checkpoint, its governor told the micro-batch that was running; it runs beside the other two.",
+                  ""]
         rows = []
         for label, s in p["summary"].items():
             if s["runs"]:
-                rows.append([label, f"{s['completed_runs']}/{s['runs']}", fmt(s["updates_done"], 0), fmt(s["oom_events"], 0),
+                restarts = f" ({s['restarts']} restart(s))" if s.get("restarts") else ""
+                rows.append([label, f"{s['completed_runs']}/{s['runs']}{restarts}", fmt(s["updates_done"], 0),
+                             fmt(s["oom_events"], 0),
                              fmt(s["samples_per_second"], 0), fmt(s["steady_samples_per_second"], 0),
                              "; ".join(_error_text(e) for e in s.get("errors", [])) or "-"])
         if rows:
@@ -228,6 +259,62 @@ def training_lines(t: dict) -> list[str]:
             lines.append("No pressure run fitted in the time budget.")
         if p.get("skipped"):
             lines += ["", "Skipped: " + "; ".join(p["skipped"]) + "."]
+    return lines
+
+
+def _neighbour_mib(n: dict) -> str:
+    sizes = [run["events"]["neighbour_bytes"] / MIB for runs in (n.get("runs") or {}).values() for run in runs
+             if (run.get("events") or {}).get("neighbour_bytes")]
+    return fmt(stat_of(sizes), 0) if sizes else "-"
+
+
+def neighbour_lines(n: dict) -> list[str]:
+    if n.get("unavailable"):
+        return [f"Not run: {n['unavailable']} (the scenario needs a memory cgroup it may create)."]
+    lines = [
+        f"{n['model']}, ceiling micro-batch {n['ceiling_batch']} (effective batch {n['ceiling_batch']}). The limit is a "
+        f"real cgroup v1 memory limit of {n['limit_bytes'] / MIB:.0f} MiB per run (`memory.limit_in_bytes`, one cgroup "
+        "per run), shared by the training (with its supervisor, governed) and a neighbour process; over it the kernel "
+        "SIGKILLs the training (it runs with oom_score_adj 500). After "
+        f"{n['pre_updates']} timed updates the neighbour takes, at {n['neighbour_rate_bytes_per_second'] / MIB:.0f} MiB/s, "
+        f"all but the cgroup's peak so far less {1 - n['room_fraction']:.2f} x the ceiling's per-sample bytes (by the "
+        f"training's own warm-up memory model; neighbour {_neighbour_mib(n)} MiB), so the ceiling no longer fits and "
+        f"about {n['room_fraction']:.2f} x it does; it holds that {n['hold_seconds']:.0f} s and exits; the run goes on "
+        f"{n['after_seconds']:.0f} s. Static: fit at "
+        "a fixed micro-batch, no supervisor. Governed: the governor with that memory model, room read every update, a "
+        "checkpoint every 2 updates, under `edgebatch supervise` (a kill is restarted from the checkpoint, the governor "
+        "told the size that was running). Both run with "
+        + ", ".join(f"{k}={v}" for k, v in n["training_env"].items())
+        + " (with oneDNN's allocator a process keeps its largest step's memory, so nothing could be given back). "
+        f"{n['repeats']} repeat(s) planned; the pair runs side by side.", ""]
+    summary = n.get("summary") or {}
+    rows = []
+    for kind in ("static", "governed"):
+        s = summary.get(kind) or {}
+        if s.get("runs"):
+            rows.append([kind, f"{s['completed_runs']}/{s['runs']}", fmt(s["ooms_in_pressure_event"], 0),
+                         fmt(s["pre_samples_per_second"], 0), fmt(s["during_samples_per_second"], 0),
+                         fmt(s["after_samples_per_second"], 0),
+                         f"{fmt(s['recovered_seconds'], 1)} ({s['recovered_runs']}/{s['runs']} runs)",
+                         fmt(s["back_at_ceiling_seconds"], 1), fmt(s.get("smallest_micro_batch_in_pressure"), 0),
+                         fmt(s["examples"], 0)])
+    if rows:
+        lines += _table(["run", "completed", "OOMs per pressure event", "samples/s before", "samples/s during",
+                         "samples/s after", f"s to >= {n['recovery_fraction']}x before, after the release",
+                         "s to ceiling micro-batch again", "smallest micro-batch beside the neighbour",
+                         "examples trained"], rows)
+        ratios = n.get("governed_vs_static") or {}
+        lines += ["", f"Governed / static in the same pair: samples/s before the neighbour {fmt(ratios.get('pre_samples_per_second'), 3)}; "
+                  f"examples trained in the run {fmt(ratios.get('examples'), 2)}. 'During' runs from the neighbour's "
+                  "start to its exit (a restart's TensorFlow import included); recovery is the first window of "
+                  f"{n['recovery_window']} updates after the release at that pace (a static run that was killed has none)."]
+        for run in (n.get("runs") or {}).get("governed", []):
+            if run.get("restarts"):
+                lines.append(f"Governed run restarts: {run['restarts']} (kernel OOM kills in its cgroup: {run.get('kernel_oom_kills')}).")
+    else:
+        lines.append("No pair fitted in the time budget.")
+    if n.get("skipped"):
+        lines += ["", "Skipped: " + "; ".join(n["skipped"]) + "."]
     return lines
 
 
@@ -261,8 +348,10 @@ def write_markdown(results: dict, path: Path, plots_dir: Path) -> None:
         *_table(["target", "measured", "verdict"], targets(results)),
     ]
     titles = {"probe": "1. Probe accuracy and cost", "governor": "2. Governor cost", "training": "3. Training throughput",
-              "retracing": "4. Retracing as the micro-batch changes"}
-    writers = {"probe": probe_lines, "governor": governor_lines, "training": training_lines, "retracing": retracing_lines}
+              "retracing": "4. Retracing as the micro-batch changes",
+              "neighbour": "5. A neighbour takes memory mid-run, then leaves"}
+    writers = {"probe": probe_lines, "governor": governor_lines, "training": training_lines, "retracing": retracing_lines,
+               "neighbour": neighbour_lines}
     for key, title in titles.items():
         lines += ["", f"## {title}", ""]
         if key in results.get("errors", {}):
@@ -324,13 +413,22 @@ def write_plots(results: dict, plots_dir: Path) -> list[str]:
         written.append(PLOTS["throughput"])
     pressure = training.get("pressure") or {}
     by_cap = pressure.get("runs") or {}
-    if any(run for kinds in by_cap.values() for run in kinds.values()):
-        fig, axis = plt.subplots(figsize=(6.5, 4.5))
+    neighbour = sections.get("neighbour") or {}
+    neighbour_runs = [run for runs in (neighbour.get("runs") or {}).values() for run in runs if run.get("timeline")]
+    has_pressure = any(run for kinds in by_cap.values() for run in kinds.values())
+    if has_pressure or neighbour_runs:
+        panels = int(has_pressure) + int(bool(neighbour_runs))
+        fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.5), squeeze=False)
+        if neighbour_runs:
+            _neighbour_axis(axes[0][-1], neighbour)
+        axis = axes[0][0]
+    if has_pressure:
         for headroom, kinds in by_cap.items():
-            for kind, style in (("governed", "-"), ("static", "--")):
+            for kind, style in (("governed", "-"), ("supervised", ":"), ("static", "--")):
                 for index, run in enumerate(kinds.get(kind, [])):
                     timeline = run.get("timeline") or []
-                    label = f"{kind}, {int(headroom) // MIB} MiB cap" if index == 0 else None
+                    name = "governed + supervisor" if kind == "supervised" else kind
+                    label = f"{name}, {int(headroom) // MIB} MiB cap" if index == 0 else None
                     if timeline:
                         axis.step([0] + [t["update"] for t in timeline],
                                   [pressure["ceiling_batch"]] + [t["micro_batch"] for t in timeline],
@@ -345,11 +443,47 @@ def write_plots(results: dict, plots_dir: Path) -> list[str]:
         axis.set(xlabel="optimizer update", ylabel="micro-batch (largest in the update)",
                  title="Micro-batch over time under an address-space cap\n(x: update that met OOMs; v: run stopped)")
         axis.legend(fontsize=7)
+    if has_pressure or neighbour_runs:
         fig.tight_layout()
         fig.savefig(plots_dir / PLOTS["pressure"], dpi=110)
         plt.close(fig)
         written.append(PLOTS["pressure"])
     return written
+
+
+def _neighbour_axis(axis, neighbour: dict) -> None:
+    """Micro-batch against seconds in the run; the neighbour's time shaded (first governed run's)."""
+    import matplotlib.ticker
+
+    shaded = False
+    for kind, style in (("governed", "-"), ("static", "--")):
+        for index, run in enumerate((neighbour.get("runs") or {}).get(kind, [])):
+            timeline = run.get("timeline") or []
+            if not timeline:
+                continue
+            label = kind if index == 0 else None
+            lines = axis.step([t["seconds"] for t in timeline], [t["micro_batch"] for t in timeline], style,
+                              where="post", label=label)
+            restarts = [t for previous, t in zip(timeline, timeline[1:]) if t["restart"] != previous["restart"]]
+            axis.plot([t["seconds"] for t in restarts], [t["micro_batch"] for t in restarts], "rx",
+                      label="restarted after a kill" if restarts and not shaded else None)
+            if not run.get("completed"):
+                axis.plot([timeline[-1]["seconds"]], [timeline[-1]["micro_batch"]], "v", color=lines[0].get_color(),
+                          markersize=9, label=f"{kind}: killed" if index == 0 else None)
+            events = run.get("events") or {}
+            if kind == "governed" and not shaded and events.get("neighbour_start_t") and events.get("neighbour_released_t"):
+                axis.axvspan(events["neighbour_start_t"], events["neighbour_released_t"], color="grey", alpha=0.2,
+                             label="neighbour holds memory (governed run)")
+                shaded = True
+    axis.set_yscale("log", base=2)
+    axis.set_yticks(sorted({t["micro_batch"] for runs in (neighbour.get("runs") or {}).values() for run in runs
+                            for t in run.get("timeline") or []}))
+    axis.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axis.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axis.set(xlabel="seconds since the run started", ylabel="micro-batch (largest in the update)",
+             title=f"A neighbour takes memory, then leaves\n({neighbour['limit_bytes'] // MIB} MiB cgroup limit, "
+                   f"{neighbour['model']})")
+    axis.legend(fontsize=7)
 
 
 def _memory_axis(axis, scenario: dict) -> None:

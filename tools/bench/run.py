@@ -4,9 +4,11 @@
 
 Sections: 1. probe accuracy and cost (probe_bench.py, probe_truth.py), 2. governor cost
 (governor_bench.py), 3. training throughput with and without pressure (training_bench.py,
-pressure_child.py), 4. retracing (retracing.py). `--quick` keeps the whole run under 5 minutes on
+pressure_child.py), 4. retracing (retracing.py), 5. a neighbour takes memory and gives it back
+(neighbour_bench.py, neighbour_child.py; its own time on top of the run's allowance: NEIGHBOUR_SECONDS). `--quick` keeps the whole run under 5 minutes on
 2 cores: each section gets a share of the time and skips (and reports) what would overrun, so a
-loaded machine gives a shorter report, not a longer run. Full mode aims at under an hour.
+loaded machine gives a shorter report, not a longer run. Full mode aims at under an hour for
+sections 1-4, plus NEIGHBOUR_SECONDS (12 minutes) for section 5.
 Benchmarks report; nothing asserts a timing.
 """
 
@@ -25,7 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from harness import FULL, QUICK, RESULTS_DIR, ROOT, Deadline, environment, load_average, log, write_json  # noqa: E402
 
-SECTIONS = ("probe", "governor", "retracing", "training")
+SECTIONS = ("probe", "governor", "retracing", "training", "neighbour")
+# The neighbour section's pairs (~2.5 min each) come on top of the allowance the other sections
+# share, so adding it did not cut their time; quick mode adds nothing (its 5 minutes hold), so there
+# it runs only with --only neighbour (or when the others left time).
+NEIGHBOUR_SECONDS = {"quick": 0.0, "full": 720.0}
 # Where each section must stop, as fractions of the run's allowance (probe: methods, then truth).
 QUICK_ENDS = {"probe_methods": 0.53, "probe": 0.70, "governor": 0.75, "retracing": 0.77, "training": 0.98}
 FULL_ENDS = {"probe_methods": 0.50, "probe": 0.68, "governor": 0.76, "retracing": 0.81, "training": 0.98}
@@ -81,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     mode = QUICK if args.quick else FULL
     if args.budget_seconds is not None:
         mode = harness.Mode(mode.name, mode.repeats, args.budget_seconds)
-    ends = QUICK_ENDS if args.quick else FULL_ENDS
+    ends = dict(QUICK_ENDS if args.quick else FULL_ENDS)
+    extra = NEIGHBOUR_SECONDS[mode.name] if "neighbour" in only else 0.0
+    if extra:
+        mode = harness.Mode(mode.name, mode.repeats, mode.budget_seconds + extra)
+        ends = {name: fraction * (mode.budget_seconds - extra) / mode.budget_seconds for name, fraction in ends.items()}
+    ends["neighbour"] = 0.99
     deadline = Deadline(mode.budget_seconds)
     results: dict = {"mode": {"name": mode.name, "repeats": mode.repeats, "budget_seconds": mode.budget_seconds},
                      "environment": environment(), "sections": {}, "errors": {}, "section_seconds": {}}
@@ -90,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "governor": lambda: _section("governor_bench").run(mode, deadline, ends["governor"]),
         "retracing": lambda: _section("retracing").run(mode, deadline, ends["retracing"]),
         "training": lambda: _section("training_bench").run(mode, deadline, ends["training"]),
+        "neighbour": lambda: _section("neighbour_bench").run(mode, deadline, ends["neighbour"]),
     }
     for name in SECTIONS:
         if name not in only:
