@@ -25,11 +25,12 @@ pytest.importorskip("tensorflow")
 EFFECTIVE, CEILING = 8, 4
 
 
-def governed_fit(x, y, model=None, **kwargs):
+def governed_fit(x, y, model=None, governor=None, **kwargs):
     model = model if model is not None else make_model()
+    governor = governor if governor is not None else Governor(GovernorConfig(ceiling_batch=CEILING,
+                                                                             effective_batch=EFFECTIVE))
     report = fit(model, make_dataset(x, y), loss=make_loss(), optimizer=make_optimizer("adam"),
-                 effective_batch=EFFECTIVE, governor=Governor(GovernorConfig(ceiling_batch=CEILING, effective_batch=EFFECTIVE)),
-                 **kwargs)
+                 effective_batch=EFFECTIVE, governor=governor, **kwargs)
     return model, report
 
 
@@ -63,10 +64,12 @@ def test_a_restarted_fit_tells_its_governor_once_and_keeps_the_plain_weights(tmp
 
     # What the supervisor does after the process died running micro-batch CEILING.
     monkeypatch.setenv(ENV_HARD_FAILURE_MICRO_BATCH, str(marker(tmp_path)))
-    model, second = governed_fit(x, y, checkpoint_dir=str(tmp_path), checkpoint_every_updates=1)
+    governor = Governor(GovernorConfig(ceiling_batch=CEILING, effective_batch=EFFECTIVE))
+    model, second = governed_fit(x, y, governor=governor, checkpoint_dir=str(tmp_path), checkpoint_every_updates=1)
     assert ENV_HARD_FAILURE_MICRO_BATCH not in os.environ  # taken once
     assert second.resumed_from.updates == 2
     assert second.decisions[0]["oom"] is True
+    assert governor.state.threshold_batch == CEILING  # remembered as a failed size (TCP's ssthresh)
     assert all(max(u.micro_batches) < CEILING for u in second.updates[:1])
     assert max_weight_diff(model.get_weights(), expected) < 1e-4
 
