@@ -1,9 +1,10 @@
 """Apply the governor's lr_scale to an optimizer whose learning rate is a plain number.
 
 In elastic mode the effective batch moves, and the governor says how to scale the learning rate
-tuned for the target batch (linear for SGD, sqrt for Adam; FACTS.md). The base rate is read once
-and every scale is applied to it (never to the current, already scaled, value), so scales do not
-compound; a checkpoint stores the base because the optimizer's variable holds the scaled value.
+tuned for the target batch (linear for SGD, sqrt for Adam; docs/tensorflow-memory.md, "Formulas").
+The base rate is read once and every scale is applied to it (never to the current, already scaled,
+value), so scales do not compound; a checkpoint stores the base because the optimizer's variable
+holds the scaled value.
 `restore()` puts the base back when fit returns, so a second fit call (or the user's own loop)
 starts from the tuned rate, not from the last scaled one.
 """

@@ -28,12 +28,12 @@ draw masks per micro-step: a split update draws other, equally distributed masks
 over the whole batch (exactness "random_draws_per_micro_batch"). With seeded layers a run is
 reproducible for a given sequence of splits.
 
-Only OOMs that TensorFlow raises can be recovered. On CPU with TensorFlow's default oneDNN
-kernels, running out of address space can crash the process instead (FACTS.md; the RLIMIT_AS test
-runs with TF_ENABLE_ONEDNN_OPTS=0 for that reason), and a cgroup memory limit SIGKILLs it; for
-those, checkpoints are the recovery. Layers that write state in the forward pass
-(BatchNormalization's moving statistics, a SeedGenerator) see a failed-and-retried micro-batch
-twice.
+Only OOMs that TensorFlow raises can be recovered. On CPU with TensorFlow's default oneDNN kernels,
+running out of address space can crash the process instead (docs/tensorflow-memory.md, "oneDNN
+convolutions can crash"; the RLIMIT_AS test runs with TF_ENABLE_ONEDNN_OPTS=0 for that reason), and
+a cgroup memory limit SIGKILLs it; for those, checkpoints are the recovery. Layers that write state
+in the forward pass (BatchNormalization's moving statistics, a SeedGenerator) see a
+failed-and-retried micro-batch twice.
 """
 
 from __future__ import annotations
@@ -424,7 +424,8 @@ class _GovernedLoop:
         step_seconds = time.perf_counter() - started
         seconds = input_seconds + step_seconds
         observation = self.reader.read() if self.reader is not None else Observation(pressure=None)
-        # An update that hit an OOM spent ~10 s failing (FACTS.md): its time says nothing about speed.
+        # An update that hit an OOM spent 11-14 s failing (docs/tensorflow-memory.md, "Address-space
+        # caps"): its time says nothing about speed.
         observation = dataclasses.replace(
             observation, oom=False, step_seconds=None if ooms else step_seconds, micro_batch=max(sizes)
         )

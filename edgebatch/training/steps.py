@@ -10,9 +10,10 @@ the update's mean loss (plus the regularization losses once) whatever the split.
 hands them to the optimizer and zeroes them.
 
 One trace. `update_examples` is a float32 tensor and the batch dimension of the input signature is
-None, so micro-batches of any size and any split reuse one concrete function (FACTS.md: without an
-input signature every new batch size retraces). The Python loops over variables below run at trace
-time only; the hot path is one call per micro-batch and one per update.
+None, so micro-batches of any size and any split reuse one concrete function
+(docs/tensorflow-memory.md, "tf.function retracing": without an input signature every new batch size
+retraces). The Python loops over variables below run at trace time only; the hot path is one call
+per micro-batch and one per update.
 
 OOM safety. Every accumulator update depends on *all* gradients of the micro-batch (a control
 dependency), so a micro-step that runs out of memory anywhere in its forward or backward pass has
