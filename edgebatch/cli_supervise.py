@@ -6,7 +6,10 @@ registers it. Thin: parse, call `edgebatch.training.supervisor.supervise`, exit 
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -21,18 +24,23 @@ from edgebatch.training.supervisor import DEFAULT_MAX_RESTARTS
 @click.option("--checkpoint-dir", default=None, metavar="DIR",
               help="The checkpoint_dir the command passes to edgebatch.fit: the supervisor reads there which "
                    "micro-batch was running when the child died, and tells the restarted child's governor.")
+@click.option("--report", "report_path", default=None, metavar="FILE.json",
+              help="Also write the final report (every child's end, restarts, signals, exit code) as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def supervise(max_restarts, checkpoint_dir, command):
+def supervise(max_restarts, checkpoint_dir, report_path, command):
     """Run COMMAND (after --) and restart it from its last checkpoint when it is killed.
 
     \b
     edgebatch supervise --checkpoint-dir ckpt -- python train.py --epochs 3
 
     A normal exit ends supervision with the command's exit code (a Python exception is not
-    restarted); SIGINT/SIGTERM are forwarded to the command. The report goes to stderr.
+    restarted); SIGINT/SIGTERM are forwarded to the command. The report goes to stderr
+    (and, with --report, to a JSON file).
     """
     from edgebatch.training.supervisor import supervise as run
 
+    if report_path is not None and not Path(report_path).resolve().parent.is_dir():
+        raise click.UsageError(f"--report {report_path!r}: its folder does not exist")
     try:
         report = run(list(command), checkpoint_dir=checkpoint_dir, max_restarts=max_restarts,
                      progress=lambda line: click.echo(line, err=True))
@@ -42,4 +50,18 @@ def supervise(max_restarts, checkpoint_dir, command):
         exception = click.ClickException(str(error))
         exception.exit_code = error.exit_code
         raise exception from None
+    if report_path is not None:
+        _write_json(report_path, report.to_dict())
     sys.exit(report.exit_code)
+
+
+def _write_json(path: str, data: dict) -> None:
+    """Replace `path` atomically: a reader never sees half a report."""
+    target = Path(path)
+    temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(temporary, target)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise click.ClickException(f"cannot write the report to {path!r}: {error.strerror or error}") from None

@@ -136,6 +136,21 @@ def test_cli_exit_code_and_report():
     assert bad.exit_code == 2 and "cannot start '/nonexistent/train'" in bad.output
 
 
+def test_cli_writes_the_report_as_json(tmp_path):
+    path = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["supervise", "--report", str(path), "--", sys.executable, "-c",
+                                       "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert result.exit_code == 128 + signal.SIGKILL
+    report = json.loads(path.read_text())
+    assert report["exit_code"] == 137 and report["restarts"] == 3 and report["signals"] == ["SIGKILL"] * 4
+    assert [run["restarted"] for run in report["runs"]] == [True, True, True, False]
+    ran = tmp_path / "ran"
+    nowhere = CliRunner().invoke(main, ["supervise", "--report", str(tmp_path / "missing" / "r.json"), "--",
+                                        "touch", str(ran)])
+    assert nowhere.exit_code == 2 and "its folder does not exist" in nowhere.output
+    assert not ran.exists()  # refused before the command ran
+
+
 def test_cli_forwards_sigterm_and_does_not_restart(tmp_path):
     ready, got = tmp_path / "ready", tmp_path / "got-term"
     child = textwrap.dedent(
