@@ -55,3 +55,17 @@ def test_the_same_architecture_built_twice_in_a_process_has_one_key(flavor):
     assert first.layers[0].name != second.layers[0].name  # Keras numbers unnamed layers per process
     assert config_hash(architecture_description(first)) == config_hash(architecture_description(second))
     assert config_hash(architecture_description(build(5))) != config_hash(architecture_description(first))
+
+
+def test_looking_up_by_name_keeps_the_callers_dtype_policy(mlp_profile):
+    """Building the model to compute its key sets Keras's global policy; the caller's comes back."""
+    import keras
+
+    directory, _ = mlp_profile
+    before = keras.mixed_precision.global_policy().name
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        assert cached_profile("mlp", device="CPU:0", profiles_dir=directory) is not None
+        assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    finally:
+        keras.mixed_precision.set_global_policy(before)
