@@ -108,7 +108,8 @@ def fit(
     it. `pressure_reader`: read once per update (it rate-limits itself); without one the governor
     only reacts to OOMs and slow steps. `checkpoint_dir`: resume from / save to it, every
     `checkpoint_every_updates` updates and at the end; the dataset must then yield the same order
-    every epoch and in every process (a reshuffling or unseeded shuffle is refused).
+    every epoch and in every process (a reshuffling or unseeded shuffle, or an unseeded random op in
+    the pipeline, is refused).
     `max_updates`: stop after this many updates in total. `on_update(record)` is called after
     every update (progress printing, test hooks). `callbacks`: Keras callbacks (or a CallbackList)
     of the model's Keras, driven like model.fit drives them, one "batch" per optimizer update with
