@@ -7,6 +7,11 @@ Prints one JSON line (harness.send_reply): completed, updates, samples/s, OOM ev
 micro-batch of every update (the batch-over-time plot).
 
     python pressure_child.py {static|governed} MODEL_SPEC BATCH UPDATES HEADROOM_BYTES
+    python pressure_child.py supervised MODEL_SPEC BATCH UPDATES HEADROOM_BYTES CHECKPOINT_DIR
+
+`supervised` is `governed` with a checkpoint every 2 updates in CHECKPOINT_DIR, for a run under
+`edgebatch supervise`: a child that dies by a signal (oneDNN's `dnnl::error` abort) is restarted
+and resumes from the checkpoint; the reply of the child that finished says which restart it was.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ def main(argv: list[str]) -> int:
     if mode == "static":
         reply = _static(model, loss, optimizer, x, y, batch, updates, tf)
     else:
-        reply = _governed(model, loss, optimizer, x, y, batch, updates, tf)
+        reply = _governed(model, loss, optimizer, x, y, batch, updates, tf, argv[5] if mode == "supervised" else None)
     reply.update({"mode": mode, "model": spec, "batch": batch, "updates_planned": updates,
                   "headroom_bytes": headroom, "wall_seconds": time.perf_counter() - started})
     send_reply(reply)
@@ -97,7 +102,7 @@ def _static(model, loss_fn, optimizer, x, y, batch, updates, tf) -> dict:
     }
 
 
-def _governed(model, loss, optimizer, x, y, batch, updates, tf) -> dict:
+def _governed(model, loss, optimizer, x, y, batch, updates, tf, checkpoint_dir=None) -> dict:
     from edgebatch.errors import TrainingError
     from edgebatch.governor import Governor, GovernorConfig, PressureReader
     from edgebatch.training import fit
@@ -115,7 +120,8 @@ def _governed(model, loss, optimizer, x, y, batch, updates, tf) -> dict:
     report = None
     try:
         report = fit(model, dataset, loss=loss, optimizer=optimizer, effective_batch=batch, governor=governor,
-                     pressure_reader=PressureReader("CPU:0"), max_updates=updates, on_update=on_update)
+                     pressure_reader=PressureReader("CPU:0"), max_updates=updates, on_update=on_update,
+                     checkpoint_dir=checkpoint_dir, checkpoint_every_updates=2 if checkpoint_dir else None)
     except TrainingError as exc:
         error = str(exc)[:300]
     except Exception as exc:  # noqa: BLE001 - e.g. a MemoryError while tracing: fit crashed, report it
@@ -128,7 +134,9 @@ def _governed(model, loss, optimizer, x, y, batch, updates, tf) -> dict:
     if last_oom < 0 and done > 1:
         steady, steady_seconds = timeline[1:], timeline[-1]["seconds"] - timeline[0]["seconds"]
     return {
-        "completed": error is None and done == updates,
+        # A resumed child's updates are numbered from the run's start (fit restores the count).
+        "completed": error is None and bool(timeline) and timeline[-1]["update"] == updates,
+        "restart": int(os.environ.get("EDGEBATCH_SUPERVISOR_RESTART", "0")),
         "updates_done": done,
         "oom_events": len(report.oom_events) if report else sum(t["oom_events"] for t in timeline),
         "error": error,

@@ -8,12 +8,15 @@ the effective batch (gradient accumulation over two micro-batches of the oracle'
 count the updates after the first (the first traces the step), timestamped the same way for both.
 
 Pressure, in child processes (pressure_child.py): an address-space cap under which a static batch at
-the ceiling crashes; the governed run starts at that ceiling. Reported: completion, samples/s, OOM
-events, and the micro-batch of every update (the batch-over-time plot).
+the ceiling crashes; the governed run starts at that ceiling; a third run beside them is the governed
+one under `edgebatch supervise` (a child oneDNN aborts is restarted from its checkpoint). Reported:
+completion, restarts, samples/s, OOM events, and the micro-batch of every update (the batch-over-time plot).
 """
 
 from __future__ import annotations
 
+import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,8 +36,12 @@ QUICK_PRESSURE_HEADROOMS = (700 * MIB,)
 FULL_PRESSURE_HEADROOMS = (600 * MIB, 700 * MIB, 800 * MIB)
 PRESSURE_CHILD = ROOT / "tools" / "bench" / "pressure_child.py"
 # What one static + governed pair took here, side by side (the governed run: a TensorFlow import,
-# two ~10 s OOMs, 6 updates): 33-49 s.
-PAIR_SECONDS = 45.0
+# two ~10 s OOMs, 6 updates): 33-49 s; the supervised governed run beside them, and its restart
+# when oneDNN aborts, adds to that.
+PAIR_SECONDS = 60.0
+# The governed run under `edgebatch supervise` (a death by a signal is restarted from its checkpoint).
+KINDS = ("static", "governed", "supervised")
+LABELS = {"static": "static", "governed": "governed", "supervised": "governed + supervisor"}
 # The no-pressure sweep and its first repeat (quick mode, small_cnn): ~20 s here.
 NO_PRESSURE_MIN_SECONDS = 20.0
 
@@ -145,9 +152,10 @@ def under_pressure(mode: Mode, seconds_left) -> dict:
     updates = 6 if mode.quick else 40
     repeats = 1 if mode.quick else 3
     headrooms = QUICK_PRESSURE_HEADROOMS if mode.quick else FULL_PRESSURE_HEADROOMS
-    runs: dict[str, dict[str, list[dict]]] = {str(h): {"static": [], "governed": []} for h in headrooms}
+    runs: dict[str, dict[str, list[dict]]] = {str(h): {kind: [] for kind in KINDS} for h in headrooms}
     skipped = []
-    with ThreadPoolExecutor(max_workers=2) as pool, capped_malloc_arenas():
+    with ThreadPoolExecutor(max_workers=len(KINDS)) as pool, capped_malloc_arenas(), \
+            tempfile.TemporaryDirectory(prefix="edgebatch-pressure-") as checkpoints:
         for repeat in range(repeats):
             for headroom in headrooms:
                 if seconds_left() < PAIR_SECONDS:
@@ -157,9 +165,15 @@ def under_pressure(mode: Mode, seconds_left) -> dict:
                 # import and the allocator's ~10 s of retrying), mostly before the governed run,
                 # which meets the same OOMs first, reaches the updates that set its pace.
                 timeout = max(90.0, seconds_left() + 30)
-                futures = {kind: pool.submit(run_child, [str(PRESSURE_CHILD), kind, PRESSURE_MODEL, str(PRESSURE_CEILING),
-                                                         str(updates), str(headroom)], timeout)
-                           for kind in ("static", "governed")}
+                arguments = [PRESSURE_MODEL, str(PRESSURE_CEILING), str(updates), str(headroom)]
+                directory = f"{checkpoints}/{headroom}-{repeat}"
+                commands = {
+                    "static": [str(PRESSURE_CHILD), "static", *arguments],
+                    "governed": [str(PRESSURE_CHILD), "governed", *arguments],
+                    "supervised": ["-m", "edgebatch", "supervise", "--checkpoint-dir", directory, "--",
+                                   sys.executable, str(PRESSURE_CHILD), "supervised", *arguments, directory],
+                }
+                futures = {kind: pool.submit(run_child, commands[kind], timeout) for kind in KINDS}
                 for kind, future in futures.items():
                     child = future.result()
                     reply = child.reply or {"completed": False,
@@ -168,13 +182,16 @@ def under_pressure(mode: Mode, seconds_left) -> dict:
                     runs[str(headroom)][kind].append(reply)
                     log(f"pressure {headroom // MIB} MiB {kind}: completed {reply.get('completed')}, "
                         f"{reply.get('updates_done')} updates, {reply.get('oom_events')} OOM events, "
+                        f"restart {reply.get('restart', '-')}, "
                         f"{child.seconds:.0f} s {reply.get('error') or ''}"[:300])
     summary = {}
     for headroom, kinds in runs.items():
         for kind, replies in kinds.items():
-            summary[f"{kind}, {int(headroom) // MIB} MiB cap"] = {
+            summary[f"{LABELS[kind]}, {int(headroom) // MIB} MiB cap"] = {
+                "kind": kind,
                 "headroom_bytes": int(headroom),
                 "runs": len(replies),
+                "restarts": sum(r.get("restart") or 0 for r in replies),
                 "completed_runs": sum(bool(r.get("completed")) for r in replies),
                 "updates_done": stat_of([r.get("updates_done") for r in replies]),
                 "oom_events": stat_of([r.get("oom_events") for r in replies]),
