@@ -429,3 +429,20 @@ def test_small_cnn_worker_readings_bump_is_looked_past():
     assert peak(slow) <= budget
     assert 0.97 * truth <= slow <= truth
     assert len(runs(steps)) < len(runs(plain_steps))
+
+
+# small_cnn in fresh probe workers on the Intel Xeon machines (device_profiles/README.md, Bumps):
+# a bump at 300 that goes with oneDNN's kernels, 194 MiB above 280 and 106 MiB above 320.
+SMALL_CNN_XEON_MIB = [(1, 700), (8, 722.6), (16, 744.6), (32, 787.9), (280, 1367.3), (300, 1561.3), (320, 1455.1),
+                      (326, 1468.3), (330, 1518.2), (334, 1528.0), (338, 1537.5), (342, 1547.8), (4096, 12000)]
+
+
+@pytest.mark.parametrize("budget_mib", [1536, 1560, 1600])
+def test_small_cnn_bump_measured_on_xeon_is_looked_past_or_stands_where_it_is_the_edge(budget_mib):
+    peak = piecewise([(b, p / 1024) for b, p in SMALL_CNN_XEON_MIB])
+    budget = int(budget_mib * MIB * 0.975)
+    answer, steps = simulate(SearchConfig(budget_bytes=budget), peak)
+    truth = max(b for b in range(1, 1000) if peak(b) <= budget and peak(b + 1) > budget)
+    print(f"budget {budget_mib} MiB: truth {truth}; found {answer}; runs {runs(steps)}")
+    assert peak(answer) <= budget
+    assert 0.97 * truth <= answer <= truth
