@@ -34,7 +34,7 @@ def supervise(max_restarts, checkpoint_dir, report_path, command):
     edgebatch supervise --checkpoint-dir ckpt -- python train.py --epochs 3
 
     A normal exit ends supervision with the command's exit code (a Python exception is not
-    restarted); SIGINT/SIGTERM are forwarded to the command. The report goes to stderr
+    restarted); SIGINT/SIGTERM/SIGHUP are forwarded to the command. The report goes to stderr
     (and, with --report, to a JSON file).
     """
     from edgebatch.training.supervisor import supervise as run

@@ -151,16 +151,18 @@ def test_cli_writes_the_report_as_json(tmp_path):
     assert not ran.exists()  # refused before the command ran
 
 
-def test_cli_forwards_sigterm_and_does_not_restart(tmp_path):
-    ready, got = tmp_path / "ready", tmp_path / "got-term"
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_cli_forwards_stop_signals_and_does_not_restart(tmp_path, signum):
+    ready, got = tmp_path / "ready", tmp_path / "got-signal"
     child = textwrap.dedent(
         f"""
         import signal, sys, time
         from pathlib import Path
-        def on_term(signum, frame):
+        def on_stop(signum, frame):
             Path({str(got)!r}).write_text(str(signum))
             sys.exit(5)
-        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGHUP, on_stop)
         Path({str(ready)!r}).write_text("ready")
         time.sleep(60)
         """
@@ -172,8 +174,8 @@ def test_cli_forwards_sigterm_and_does_not_restart(tmp_path):
     while not ready.exists():
         assert time.monotonic() < deadline and supervisor.poll() is None, "the child never started"
         time.sleep(0.05)
-    supervisor.send_signal(signal.SIGTERM)
+    supervisor.send_signal(signum)
     _, stderr = supervisor.communicate(timeout=60)
-    assert got.read_text() == str(int(signal.SIGTERM))
+    assert got.read_text() == str(int(signum))
     assert supervisor.returncode == 5, stderr
     assert "1 restart" not in stderr and "0 restart(s)" in stderr

@@ -117,7 +117,7 @@ def restart_decision(
         returncode: the child's Popen return code (negative: killed by that signal).
         restarts_done: restarts already made in this supervised run.
         max_restarts: the most restarts allowed.
-        stop_requested: the supervisor forwarded SIGINT/SIGTERM to the child (the user is stopping it).
+        stop_requested: the supervisor forwarded SIGINT/SIGTERM/SIGHUP to the child (someone is stopping it).
 
     Returns:
         A RestartDecision; `exit_code` is the child's own on a normal exit, 128 + N after a death by

@@ -6,7 +6,7 @@ Recipe (the decision itself is pure, in restart_policy.py):
 2. start the command as a child in its own session (process group), with
    `EDGEBATCH_HARD_FAILURE_MICRO_BATCH` set to the size the previous child was running when it
    died (not set for the first child);
-3. wait; SIGINT/SIGTERM sent to the supervisor are forwarded to the child, which then is not
+3. wait; SIGINT/SIGTERM/SIGHUP sent to the supervisor are forwarded to the child, which then is not
    restarted;
 4. a death by SIGKILL, SIGABRT, SIGSEGV or SIGBUS is restarted (at most `max_restarts` times):
    the command runs again and `edgebatch.fit(..., checkpoint_dir=...)` resumes from the last
@@ -44,7 +44,8 @@ __all__ = ["DEFAULT_MAX_RESTARTS", "ENV_RESTART", "supervise"]
 DEFAULT_MAX_RESTARTS = 3
 # Tells the child which start it is (0 for the first), for its logs.
 ENV_RESTART = "EDGEBATCH_SUPERVISOR_RESTART"
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP too: the child has its own session, so a closed terminal reaches it only through here.
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _print_to_stderr(line: str) -> None:
@@ -119,7 +120,7 @@ def _check_command(argv: Sequence[str]) -> list[str]:
         raise UsageError(f"the command must be a list of arguments like ['python', 'train.py'], got {argv!r}")
     command = [os.fspath(part) for part in argv]
     if not command or not command[0]:
-        raise UsageError(f"the command to supervise is empty, got {argv!r}: pass it after `--`, like -- python train.py")
+        raise UsageError(f"the command to supervise is empty, got {argv!r}: pass it after `--` (-- python train.py)")
     return command
 
 
@@ -134,7 +135,7 @@ def _child_env(env: Mapping[str, str] | None, *, restart: int, hard_failure_micr
 
 
 class _SignalForwarder:
-    """While active, SIGINT/SIGTERM to this process are sent on to the running child.
+    """While active, SIGINT/SIGTERM/SIGHUP to this process are sent on to the running child.
 
     Handlers can only be installed from the main thread; elsewhere the child is still supervised
     but nothing is forwarded.
