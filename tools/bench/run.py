@@ -64,6 +64,12 @@ NOTES = [
     "the whole run including the ~10 s OOMs, 'after last OOM' the pace the governor settled at.",
     "- Retracing: one micro-step body, three wrappings; compile seconds = first call at a new size minus an "
     "immediate second call.",
+    "- Neighbour: each run gets its own cgroup v1 memory cgroup (made by the bench, as root) with a 2 GiB limit; the "
+    "training (and the governed run's supervisor) and the neighbour are its only processes, so the limit is shared "
+    "by exactly those two jobs and an excess is a kernel SIGKILL, as on a device. The neighbour is sized on the "
+    "cgroup's own peak charge, not on RSS: a TensorFlow process's RSS includes ~290 MiB of shared library pages "
+    "charged elsewhere (VmHWM 1269 MiB against a cgroup peak of 982 MiB at micro-batch 256). Samples/s count an "
+    "update lost with a killed child (run again after the restart) once, at its second run.",
 ]
 
 
