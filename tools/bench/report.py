@@ -462,8 +462,9 @@ def _neighbour_axis(axis, neighbour: dict) -> None:
             if not timeline:
                 continue
             label = kind if index == 0 else None
+            # An update's micro-batch ran up to the update's end, where it is timestamped: "pre".
             lines = axis.step([t["seconds"] for t in timeline], [t["micro_batch"] for t in timeline], style,
-                              where="post", label=label)
+                              where="pre", label=label)
             restarts = [t for previous, t in zip(timeline, timeline[1:]) if t["restart"] != previous["restart"]]
             axis.plot([t["seconds"] for t in restarts], [t["micro_batch"] for t in restarts], "rx",
                       label="restarted after a kill" if restarts and not shaded else None)
