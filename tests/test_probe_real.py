@@ -1,7 +1,7 @@
 """Real TensorFlow probes on CPU, checked against a truth measured in fresh processes.
 
 The truth comes from tests/support/fresh_step.py: a separate step implementation run in a new
-process per batch, 10 steps (FACTS.md: the resident peak climbs over the first steps), VmHWM.
+process per batch, 10 steps (docs/tensorflow-memory.md: the resident peak climbs over the first steps), VmHWM.
 """
 
 import json

@@ -234,7 +234,7 @@ def test_power_keeps_the_last_success_of_plain_doubling():
 
 
 def test_noisy_boundary_never_answers_a_batch_that_failed():
-    # Peaks step by +-40 MiB at fine scale (FACTS.md): a deterministic saw-tooth on a line.
+    # Peaks step by +-40 MiB at fine scale (docs/tensorflow-memory.md): a deterministic saw-tooth on a line.
     def peak(b):
         return (740 + 2.5 * b + (40 if (b // 7) % 2 else -40)) * MIB
 

@@ -1,8 +1,9 @@
 """The peers' batch finders as pure strategies, so the benchmark runs them on edgebatch's own trials.
 
 No TensorFlow here. Each is a `next_step(config, outcomes) -> Run | Done` like search.py's, chosen by
-`SearchConfig.strategy` (search.next_step dispatches here; the records they share live in outcomes.py), so a benchmark compares methods on the
-same worker processes, budget and measurement, and only the decisions differ:
+`SearchConfig.strategy` (search.next_step dispatches here; the records both use live in
+outcomes.py), so a benchmark compares methods on the same worker processes, budget and
+measurement, and only the decisions differ:
 
 - `shrink_x0.9` / `shrink_x0.5`: Accelerate's `find_executable_batch_size`, new and old. Start at
   `config.start_batch` (Accelerate's default is 128: the benchmark passes it), and on every failure
@@ -30,7 +31,7 @@ from edgebatch.probe.outcomes import Done, Outcome, Run, SearchConfig, first_bat
 SHRINK_FACTORS = {"shrink_x0.9": 0.9, "shrink_x0.5": 0.5}
 ONE_SHOT = "one_shot_estimate"
 BASELINE_STRATEGIES = (*SHRINK_FACTORS, ONE_SHOT)
-# DeepSpeed autotuning's check around its max micro-batch estimate (FACTS.md).
+# DeepSpeed autotuning's check around its max micro-batch estimate (docs/tensorflow-memory.md, "Peers").
 ESTIMATE_FACTORS = (0.95, 1.0, 1.05)
 
 

@@ -1,6 +1,6 @@
 """Least-squares fit of peak memory against batch size: peak = fixed + per_sample x batch.
 
-Pure: plain numbers in, a `MemoryModel` out. FACTS.md: on this machine MobileNetV2's process peak
+Pure: plain numbers in, a `MemoryModel` out. docs/tensorflow-memory.md: on this machine MobileNetV2's process peak
 is linear in batch to within 13 MiB over 8..128, but at fine scale peaks step by +-40 MiB, so the
 fit predicts the neighbourhood of the ceiling and trials near the boundary decide.
 
@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from edgebatch.profiles.model import MemoryModel
 
 # Fresh readings are fitted on their own only when their batches span this share of the largest:
-# at fine scale peaks step by +-40 MiB (FACTS.md), so the slope between close batches is noise.
+# at fine scale peaks step by +-40 MiB (docs/tensorflow-memory.md), so the slope between close batches is noise.
 LOCAL_FIT_MIN_SPREAD = 0.25
 
 # The model is trusted after this many readings with at least this r2, growing with batch: three
-# points on a line are the fewest that can show it bending, and FACTS.md's MobileNetV2 line has
+# points on a line are the fewest that can show it bending, and the MobileNetV2 line (docs/tensorflow-memory.md) has
 # r2 > 0.999 over 8..128, so 0.98 lets the +-40 MiB steps through but not a curve.
 MIN_FIT_POINTS = 3
 MIN_FIT_R2 = 0.98
@@ -129,7 +129,7 @@ def turn_to_fresh(model: MemoryModel, fresh: Sequence[tuple[int, float]]) -> Mem
     9.0 MiB/sample between them) are fitted on their own when that line lies lower at the largest of
     them: near the boundary the local line predicts, and a line through the far intercept made the
     search creep up in 2% steps, each a trial. Fresh readings above the line are the fine-scale steps
-    of FACTS.md, which trials near the boundary settle: they do not turn it up.
+    of docs/tensorflow-memory.md, which trials near the boundary settle: they do not turn it up.
     """
     # Only readings at or under the line turn it: one above it (a bump, a step) would cancel the
     # turn of the others in the least-squares slope below.

@@ -39,8 +39,9 @@ class SearchConfig:
     tolerance: float = 0.02
     strategy: str = "slow_start"
     # The first jump lands this far under the predicted ceiling: the fit from a few small batches
-    # can be off by a few percent (FACTS.md: +-40 MiB steps), and a jump that overshoots costs a
-    # failed trial at the most expensive batch of the probe.
+    # can be off by a few percent (docs/tensorflow-memory.md, "Peak is jagged in batch size":
+    # +-40 MiB steps), and a jump that overshoots costs a failed trial at the most expensive batch
+    # of the probe.
     jump_margin: float = 0.04
     refuse_predicted_over_budget: bool = True
     # slow_start only: trials after the model is trusted, and the check of the failure above the

@@ -73,7 +73,7 @@ def safe_batch_of(
     per_sample_bytes per sample, it says how far the batch can go before the reduced budget; the
     smallest answer wins. Readings are not monotone in batch (a scout worker's history inflates its
     peaks, a fresh worker reads lower, and a bump a fresh trial above it contradicted still read
-    high; FACTS.md: +-40 MiB steps), and the safe batch must respect the worst of them. Without a
+    high; docs/tensorflow-memory.md: +-40 MiB steps), and the safe batch must respect the worst of them. Without a
     model, the largest measured fit under the reduced budget.
 
     When the ceiling is a limit the budget does not see (hidden_limit_edge_of), the headroom is

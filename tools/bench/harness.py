@@ -2,7 +2,7 @@
 
 Every figure in BENCHMARKS.md is a `Stat` (median, min, max over n repeats). A comparison is the
 `Stat` of per-repeat ratios measured in the same run (`ratio_stat`), never a ratio of two medians
-taken at different times: the build machines are shared and noisy (FACTS.md), so only numbers taken
+taken at different times: the build machines are shared and noisy (docs/tensorflow-memory.md), so only numbers taken
 side by side compare. Benchmarks report; nothing here asserts a timing.
 
 Imports no TensorFlow.

@@ -73,7 +73,7 @@ FULL_SCENARIOS = QUICK_SCENARIOS + (
     Scenario("dense_wide, 300 MiB address-space cap", DENSE_WIDE, 4096, headroom_bytes=300 * MIB, full_repeats=1),
     Scenario("dense_wide, 300 MiB cap, search told only the RAM", DENSE_WIDE, 4096, headroom_bytes=300 * MIB,
              search_knows_cap=False, full_repeats=1),
-    # FACTS.md: 849 MiB + 11.6 MiB per sample, so a ceiling near 60: under 128, where the
+    # docs/tensorflow-memory.md: 849 MiB + 11.6 MiB per sample, so a ceiling near 60: under 128, where the
     # shrink-from-128 finders have something to find.
     Scenario("mobilenet_v2 96px, 1.5 GiB resident budget", "mobilenet_v2", 4096, budget_bytes=1536 * MIB,
              full_repeats=1),

@@ -2,12 +2,12 @@
 
 Each check runs tests/support/fresh_step.py (its own step, loss and data, apart from the probe's
 code on purpose) in a new process: 10 steps at B, then VmHWM; under an address-space cap, whether it
-ran at all (a segfault from a oneDNN convolution counts as not fitting, FACTS.md). A check costs a
+ran at all (a segfault from a oneDNN convolution counts as not fitting, docs/tensorflow-memory.md). A check costs a
 TensorFlow import (10-20 s on the shared 2-core machines), so the truth is searched only near the
 boundary: the methods' answers first, from the largest down, then a search between the largest
 fresh fit and the smallest fresh failure above it, to `resolution` (1% by default).
 
-The bisection assumes a batch above a failure fails too; FACTS.md says the boundary is fuzzy (1%
+The bisection assumes a batch above a failure fails too; docs/tensorflow-memory.md says the boundary is fuzzy (1%
 under the edge a batch can fail one run in five), so the report lists any failure found below the
 ceiling (`failures_below_ceiling`) instead of hiding it.
 """
@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from harness import ROOT, log, run_child
 
 FRESH_STEP = ROOT / "tests" / "support" / "fresh_step.py"
-TRUTH_STEPS = 10  # FACTS.md: the resident peak climbs for 5-11 steps
+TRUTH_STEPS = 10  # docs/tensorflow-memory.md: the resident peak climbs for 5-11 steps
 CHECK_TIMEOUT_SECONDS = 300
 # Largest number of fresh processes one truth may start, so a pathological case cannot eat a run.
 MAX_CHECKS = 14

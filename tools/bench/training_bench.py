@@ -25,7 +25,7 @@ from harness import MIB, ROOT, Deadline, Mode, capped_malloc_arenas, log, ratio_
 MODEL = "small_cnn"
 CANDIDATES = (32, 64, 128)
 # dense_wide (tests/models): dense kernels only, so an OOM under the cap is a clean
-# ResourceExhaustedError that fit can recover from (convolutions may segfault instead: FACTS.md).
+# ResourceExhaustedError that fit can recover from (convolutions may segfault instead: docs/tensorflow-memory.md).
 # Measured here: a fresh process (plain step) under a 600 MiB cap runs batch 256 and fails at 512; a
 # static loop at 512 fails under 600-800 MiB caps. fit recovered at 600 and 700 MiB (3 and 2 OOM
 # shrinks) and, once at 800 MiB, died of a MemoryError while tracing its apply step, all with glibc's
