@@ -145,3 +145,42 @@ def test_resume_restores_dropout_rng_and_batch_norm_statistics(tmp_path):
     assert max_weight_diff(resumed.get_weights(), uninterrupted.get_weights()) < 1e-5
     state = resumed.get_layer("drop").seed_generator.state.numpy().tolist()
     assert state == [7, 2 * 10]  # 10 updates of 2 micro-batches, each drew one seed
+
+
+def test_resume_restores_the_global_tf_random_generator(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    class GlobalNoise(keras.layers.Layer):
+        """Adds noise from TensorFlow's global generator in training (as hand-written layers do)."""
+
+        def call(self, inputs, training=False):
+            if training:
+                return inputs + tf.random.get_global_generator().normal(tf.shape(inputs), stddev=0.5)
+            return inputs
+
+    def build():
+        init = keras.initializers.GlorotUniform(seed=1)
+        return keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh", kernel_initializer=init),
+                                 GlobalNoise(), keras.layers.Dense(3, kernel_initializer=init)])
+
+    x, y = make_data(32)
+
+    def run(generator_seed, checkpoint_dir=None, **kwargs):
+        tf.random.set_global_generator(tf.random.Generator.from_seed(generator_seed))
+        model = build()
+        fit(model, make_dataset(x, y), loss=make_loss(), optimizer=make_optimizer("adam"), effective_batch=EFFECTIVE,
+            governor=Governor(GovernorConfig(ceiling_batch=4, effective_batch=EFFECTIVE)), epochs=2,
+            checkpoint_dir=checkpoint_dir, **kwargs)
+        return model
+
+    try:
+        uninterrupted = run(1)
+        assert max_weight_diff(run(1).get_weights(), uninterrupted.get_weights()) == 0.0
+        assert max_weight_diff(run(2).get_weights(), uninterrupted.get_weights()) > 1e-4  # the noise matters
+        run(1, str(tmp_path), max_updates=3)
+        # A new process starts with another generator state; the checkpoint's state replaces it.
+        resumed = run(99, str(tmp_path))
+        assert max_weight_diff(resumed.get_weights(), uninterrupted.get_weights()) < 1e-5
+    finally:
+        tf.random.set_global_generator(tf.random.Generator.from_non_deterministic_state())
