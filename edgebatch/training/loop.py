@@ -13,13 +13,13 @@ Recipe of one optimizer update (see `_GovernedLoop._run_update`):
    update, log it, and checkpoint when due.
 
 Resume: with `checkpoint_dir` holding a checkpoint, fit restores model (every variable: weights,
-BatchNormalization statistics, Keras 3 SeedGenerator states), optimizer, governor and the data
-position and continues at the next unprocessed example (`dataset.skip`, which re-reads the epoch
-up to there), ending with the weights of an uninterrupted run, provided the dataset yields the same
-order in every epoch and every process: a shuffle that reshuffles each iteration or has no seed is
-refused (data.py; a random order made where the graph does not show it, e.g. in a Python
-generator, is the caller's to keep fixed). `epochs` and `max_updates` count the whole run,
-including what the checkpoint already did.
+BatchNormalization statistics, Keras 3 SeedGenerator states), the global tf.random.Generator's
+state, optimizer, governor and the data position and continues at the next unprocessed example
+(`dataset.skip`, which re-reads the epoch up to there), ending with the weights of an uninterrupted
+run, provided the dataset yields the same order in every epoch and every process: a shuffle that
+reshuffles each iteration or has no seed, and an unseeded random op, are refused (data.py; a random
+order made where the graph does not show it, e.g. in a Python generator, is the caller's to keep
+fixed). `epochs` and `max_updates` count the whole run, including what the checkpoint already did.
 
 Exactness: each update's gradient is the mean over the whole effective batch whatever the split
 (steps.py), except with BatchNormalization, which normalizes each micro-batch by its own
