@@ -13,7 +13,7 @@ need TensorFlow import it when called.
 
 from edgebatch.errors import EdgebatchError, ProbeError, ProfileError, TrainingError, UsageError
 from edgebatch.governor import Decision, Governor, GovernorConfig, Observation, PressureReader
-from edgebatch.probe import cached_profile, probe
+from edgebatch.probing import cached_profile, probe
 from edgebatch.profiles import DeviceProfile, MemoryModel, Trial, load_profile, save_profile
 from edgebatch.training import FitReport, fit, inject_oom, supervise
 

@@ -13,8 +13,8 @@ import sys
 import click
 
 from edgebatch.errors import EdgebatchError, UsageError
-from edgebatch.probe.api import ProbeRequest
-from edgebatch.probe.search import STRATEGIES
+from edgebatch.probing.api import ProbeRequest
+from edgebatch.probing.search import STRATEGIES
 from edgebatch.units import format_bytes
 from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZERS, PRECISIONS
 
@@ -96,7 +96,7 @@ def main() -> None:
 @_handle_errors
 def probe(model_spec, no_save, as_json, **options):
     """Find the largest training batch that fits, and cache it as a device profile."""
-    from edgebatch.probe import probe as run
+    from edgebatch.probing import probe as run
 
     # The remaining options are named exactly as edgebatch.probe's keyword arguments.
     profile = run(model_spec, save=not no_save, progress=_echo_err, **options)

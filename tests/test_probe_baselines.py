@@ -3,8 +3,8 @@
 import pytest
 
 from edgebatch.errors import UsageError
-from edgebatch.probe.baselines import estimate_candidates, shrink_sequence
-from edgebatch.probe.search import STRATEGIES, Done, Outcome, Run, SearchConfig, Skip, next_step
+from edgebatch.probing.baselines import estimate_candidates, shrink_sequence
+from edgebatch.probing.search import STRATEGIES, Done, Outcome, Run, SearchConfig, Skip, next_step
 
 MIB = 1024**2
 

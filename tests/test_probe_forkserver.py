@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from edgebatch.probe import api
-from edgebatch.probe.forkserver import ENV_DISABLE, ForkServer, ForkServerError, fork_server_wanted
-from edgebatch.probe.worker import WorkerSetup, start_worker, worker_environment
+from edgebatch.probing import api
+from edgebatch.probing.forkserver import ENV_DISABLE, ForkServer, ForkServerError, fork_server_wanted
+from edgebatch.probing.worker import WorkerSetup, start_worker, worker_environment
 
 MIB = 1024**2
 SETUP = WorkerSetup(model_spec="mlp", precision="float32", optimizer="adam", device="CPU:0", steps_per_trial=3,
@@ -33,8 +33,8 @@ def test_only_cpu_probes_on_linux_use_a_fork_server(monkeypatch):
     (None, 1024 * MIB, False),  # the room cannot be read
 ])
 def test_the_server_runs_only_with_room_for_it_beside_the_budget(monkeypatch, room, budget, served):
-    from edgebatch.probe import budget as budget_module
-    from edgebatch.probe import forkserver
+    from edgebatch.probing import budget as budget_module
+    from edgebatch.probing import forkserver
 
     started = []
     monkeypatch.delenv(ENV_DISABLE, raising=False)
@@ -98,8 +98,8 @@ def test_server_and_workers_die_with_the_probe(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {os.getcwd()!r})
-        from edgebatch.probe.forkserver import ForkServer
-        from edgebatch.probe.worker import WorkerSetup, start_worker, worker_environment
+        from edgebatch.probing.forkserver import ForkServer
+        from edgebatch.probing.worker import WorkerSetup, start_worker, worker_environment
         server = ForkServer(worker_environment("CPU:0"))
         setup = WorkerSetup(model_spec="mlp", precision="float32", optimizer="adam", device="CPU:0")
         worker = start_worker(setup, server=server)

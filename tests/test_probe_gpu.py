@@ -13,10 +13,10 @@ import pytest
 from test_sensors_nvml import FakeNvml, two_gpus
 
 from edgebatch.errors import ProbeError, UsageError
-from edgebatch.probe import api, budget
-from edgebatch.probe.budget import DeviceFacts, default_budget, device_facts, with_worker_gpu_details
-from edgebatch.probe.trial import is_oom, is_oom_error
-from edgebatch.probe.worker import MEASURE_FIELDS, WorkerSetup, measure_of, start_worker
+from edgebatch.probing import api, budget
+from edgebatch.probing.budget import DeviceFacts, default_budget, device_facts, with_worker_gpu_details
+from edgebatch.probing.trial import is_oom, is_oom_error
+from edgebatch.probing.worker import MEASURE_FIELDS, WorkerSetup, measure_of, start_worker
 from edgebatch.sensors import (
     GpuProcessMeter,
     list_gpus,

@@ -43,7 +43,7 @@ def test_bad_options_are_usage_errors():
 def test_the_same_architecture_built_twice_in_a_process_has_one_key(flavor):
     import importlib
 
-    from edgebatch.probe.trial import architecture_description
+    from edgebatch.probing.trial import architecture_description
     from edgebatch.profiles.fingerprint import config_hash
 
     keras = importlib.import_module(flavor)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from edgebatch.errors import UsageError
-from edgebatch.probe import probe
+from edgebatch.probing import probe
 from edgebatch.zoo import parse_model_spec
 
 HERE = Path(__file__).parent

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edgebatch.probe import probe
+from edgebatch.probing import probe
 
 HERE = Path(__file__).parent
 FRESH_STEP = HERE / "support" / "fresh_step.py"

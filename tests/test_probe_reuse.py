@@ -7,15 +7,15 @@ worker) shows the probe says in one line why it reused or probed again.
 import pytest
 
 from edgebatch.errors import UsageError
-from edgebatch.probe.api import ProbeRequest
-from edgebatch.probe.budget import (
+from edgebatch.probing.api import ProbeRequest
+from edgebatch.probing.budget import (
     DeviceFacts,
     device_facts,
     explicit_budget_bytes,
     overcommit_problem,
     resolve_budget,
 )
-from edgebatch.probe.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
+from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
 from edgebatch.sensors.cgroup import CgroupMemory
 from edgebatch.sensors.host import HostMemory
 

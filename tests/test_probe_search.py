@@ -5,9 +5,9 @@ import math
 import pytest
 
 from edgebatch.errors import UsageError
-from edgebatch.probe.memory_fit import fit_memory_model
-from edgebatch.probe.outcomes import edge_of
-from edgebatch.probe.search import BUMP_CONFIRMATIONS, Done, Outcome, Run, SearchConfig, Skip, next_step, usable_model
+from edgebatch.probing.memory_fit import fit_memory_model
+from edgebatch.probing.outcomes import edge_of
+from edgebatch.probing.search import BUMP_CONFIRMATIONS, Done, Outcome, Run, SearchConfig, Skip, next_step, usable_model
 
 MIB = 1024**2
 

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from edgebatch.probe import summary
-from edgebatch.probe.search import Done, Outcome, Run, SearchConfig, Skip, next_step
+from edgebatch.probing import summary
+from edgebatch.probing.search import Done, Outcome, Run, SearchConfig, Skip, next_step
 from edgebatch.profiles import MemoryModel, Trial
 
 MIB = 1024**2

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from edgebatch.errors import ProbeError
-from edgebatch.probe import worker as worker_module
-from edgebatch.probe.trial import swap_grew
-from edgebatch.probe.worker import (
+from edgebatch.probing import worker as worker_module
+from edgebatch.probing.trial import swap_grew
+from edgebatch.probing.worker import (
     PREFIX,
     WorkerSetup,
     parse_reply,
@@ -202,7 +202,7 @@ def test_swap_grew(before, after, grew):
 
 PARENT_SCRIPT = r"""
 import sys, time
-from edgebatch.probe.worker import WorkerSetup, spawn_worker
+from edgebatch.probing.worker import WorkerSetup, spawn_worker
 worker = spawn_worker(WorkerSetup(model_spec=sys.argv[1]))
 print(worker.process.pid, flush=True)
 time.sleep(600)
@@ -259,7 +259,7 @@ def test_a_worker_whose_parent_dies_at_once_leaves_too(tmp_path):
 def tiny_runner():
     import keras
 
-    from edgebatch.probe.trial import TrialRunner
+    from edgebatch.probing.trial import TrialRunner
 
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(4)])
     runner = TrialRunner(model, optimizer="sgd")
@@ -270,7 +270,7 @@ def tiny_runner():
 @pytest.mark.slow  # imports TensorFlow and Keras in this process (10-25 s here)
 @pytest.mark.parametrize(("swap_step_bytes", "ok"), [(0, True), (4096, False)])
 def test_a_trial_whose_swap_grew_fails(tiny_runner, monkeypatch, swap_step_bytes, ok):
-    from edgebatch.probe import trial as trial_module
+    from edgebatch.probing import trial as trial_module
 
     readings = iter(range(10 * 2**20, 100 * 2**20, swap_step_bytes) if swap_step_bytes else [])
     monkeypatch.setattr(trial_module, "process_swap_bytes", lambda: next(readings, 10 * 2**20))

@@ -83,8 +83,9 @@ def test_real_oom_under_rlimit_as_recovers_exactly(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     # oneDNN off: with TensorFlow's default oneDNN kernels, running out of address space while a
-    # kernel is being set up can SEGFAULT instead of raising (docs/tensorflow-memory.md#onednn-convolutions-can-crash; seen here too, exit -11,
-    # in 3 runs out of 4); without them the OOM is a clean ResourceExhaustedError and instant.
+    # kernel is being set up can SEGFAULT instead of raising
+    # (docs/tensorflow-memory.md#onednn-convolutions-can-crash; seen here too, exit -11, in 3 runs
+    # out of 4); without them the OOM is a clean ResourceExhaustedError and instant.
     # Fewer malloc arenas: each reserves 64 MiB of address space, which would blur the cap.
     env = dict(os.environ, PYTHONPATH=str(REPO), MALLOC_ARENA_MAX="2", TF_ENABLE_ONEDNN_OPTS="0")
     out = tmp_path / "result"

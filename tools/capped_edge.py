@@ -5,7 +5,7 @@ Each run is a new process that builds the model with the probe's own TrialRunner
 `--order` says where the probe's prewarm (5 steps at batch 8) goes:
 
   cap-then-prewarm   the probe's old order
-  prewarm-then-cap   the probe's order now (edgebatch/probe/worker.py)
+  prewarm-then-cap   the probe's order now (edgebatch/probing/worker.py)
   no-prewarm         what tests/support/fresh_step.py, the benchmark's truth, does
 
 Example (dense_wide, 300 MiB: the benchmark's capped scenario):
@@ -36,7 +36,7 @@ CHILD = """
 import resource, sys
 spec, batch, order, headroom = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 import tensorflow as tf
-from edgebatch.probe.trial import TrialRunner
+from edgebatch.probing.trial import TrialRunner
 from edgebatch.sensors import process_virtual_bytes
 from edgebatch.zoo import build_model, parse_model_spec
 

@@ -1,7 +1,8 @@
 """Fault injection: make chosen micro-batch executions fail as if they ran out of memory.
 
 A real out-of-memory takes ~10 s to surface on CPU and cannot be placed at an exact step
-(docs/tensorflow-memory.md#address-space-caps), so OOM recovery is tested by declaring which micro-batch executions must fail:
+(docs/tensorflow-memory.md#address-space-caps), so OOM recovery is tested by declaring which
+micro-batch executions must fail:
 
 - the environment: `EDGEBATCH_INJECT_OOM=2,5,6` fails the 2nd, 5th and 6th micro-batch executions
   counted over the whole process (every attempt counts, including retries of a failed piece);

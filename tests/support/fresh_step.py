@@ -1,6 +1,6 @@
 """Independent truth for probe tests: one fresh process trains STEPS steps at BATCH and reports its peak.
 
-Written apart from edgebatch.probe.trial on purpose (its own step, loss and data), so a bug in the
+Written apart from edgebatch.probing.trial on purpose (its own step, loss and data), so a bug in the
 probe's measurement cannot also hide in the truth; it builds its training state the way real
 training does (see the optimizer below). Prints one JSON line:
 {"batch", "ok", "peak_bytes" (VmHWM), "error"}.

@@ -27,7 +27,7 @@ READ_EVERY_UPDATES, READ_MIN_INTERVAL_SECONDS = 10, 0.5
 def build_runner(model_name: str):
     import tensorflow as tf
 
-    from edgebatch.probe.trial import TrialRunner
+    from edgebatch.probing.trial import TrialRunner
     from edgebatch.zoo import build_model, parse_model_spec
 
     with tf.device("CPU:0"):

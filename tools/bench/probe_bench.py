@@ -96,9 +96,9 @@ class _CountingList(list):
 def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
     """One probe with `strategy` on edgebatch's trial runner; what it found and what it cost."""
     from edgebatch.errors import EdgebatchError
-    from edgebatch.probe import api
-    from edgebatch.probe.search import SearchConfig
-    from edgebatch.probe.worker import WorkerSetup, start_worker
+    from edgebatch.probing import api
+    from edgebatch.probing.search import SearchConfig
+    from edgebatch.probing.worker import WorkerSetup, start_worker
     from edgebatch.zoo import parse_model_spec
 
     setup = WorkerSetup(

@@ -2,7 +2,7 @@
 
 A fresh worker pays a TensorFlow import before it builds the model (8-20 s on two busy cores); the
 search starts several. The server imports TensorFlow and Keras, runs nothing, and forks a child per
-worker, which then runs `worker.worker_main()` exactly as `python -m edgebatch.probe.worker` would.
+worker, which then runs `worker.worker_main()` exactly as `python -m edgebatch.probing.worker` would.
 
 What a child measures must match a fresh process. fork() does not copy the page-table entries of
 file-backed mappings (the kernel faults them in lazily), so a plain forked child's resident set
@@ -60,7 +60,7 @@ class ForkServer:
         self._socket = ours
         self._stderr = open(os.devnull, "wb")  # noqa: SIM115 - held for the server's life
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "edgebatch.probe.forkserver", str(theirs.fileno()), str(os.getpid())],
+            [sys.executable, "-m", "edgebatch.probing.forkserver", str(theirs.fileno()), str(os.getpid())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -224,7 +224,7 @@ def _child(connection: socket.socket, fds: list[int], env: dict[str, str], pages
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", line_buffering=True)
         os.environ.update(env)
         _touch(pages)
-        from edgebatch.probe.worker import worker_main
+        from edgebatch.probing.worker import worker_main
 
         code = worker_main()
     except BaseException as error:  # noqa: BLE001 - the child must never return into the server loop
@@ -277,8 +277,8 @@ def server_main(argv: list[str]) -> int:
         import keras  # noqa: F401
         import tensorflow  # noqa: F401
 
-        import edgebatch.probe.trial  # noqa: F401
-        import edgebatch.probe.worker  # noqa: F401
+        import edgebatch.probing.trial  # noqa: F401
+        import edgebatch.probing.worker  # noqa: F401
         import edgebatch.zoo  # noqa: F401
 
         pages = resident_file_pages()

@@ -19,11 +19,11 @@ from importlib import metadata
 from pathlib import Path
 
 from edgebatch.errors import ProbeError, UsageError
-from edgebatch.probe import summary
-from edgebatch.probe.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
-from edgebatch.probe.reuse import reuse_problem
-from edgebatch.probe.search import Done, Outcome, Run, SearchConfig, Skip, next_step
-from edgebatch.probe.worker import BASELINE_FIELDS, MEASURE_FIELDS, Worker, WorkerSetup, start_worker
+from edgebatch.probing import summary
+from edgebatch.probing.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
+from edgebatch.probing.reuse import reuse_problem
+from edgebatch.probing.search import Done, Outcome, Run, SearchConfig, Skip, next_step
+from edgebatch.probing.worker import BASELINE_FIELDS, MEASURE_FIELDS, Worker, WorkerSetup, start_worker
 from edgebatch.profiles import (
     SCHEMA_VERSION,
     DeviceProfile,
@@ -131,7 +131,7 @@ def probe(
     multiple, headroom, steps_per_trial, trial_seconds, strategy, worker_address_space_headroom_bytes.
     A cached profile is returned, unless `force`, only where it answers this request: same device
     (fingerprint, memory limit included) and model key, the same settings that change the answer,
-    and a budget within 3% (probe/reuse.py); `progress` is told why it was or was not reused. See
+    and a budget within 3% (probing/reuse.py); `progress` is told why it was or was not reused. See
     device_profiles/README.md for every field.
 
     Raises:
@@ -141,7 +141,7 @@ def probe(
     """
     unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ProbeRequest)})
     if unknown:
-        raise UsageError(f"unknown probe option(s) {', '.join(unknown)}: see edgebatch.probe.ProbeRequest")
+        raise UsageError(f"unknown probe option(s) {', '.join(unknown)}: see edgebatch.probing.ProbeRequest")
     temp_model_file = None
     if not isinstance(model, str):
         temp_model_file = _save_model_object(model)
@@ -304,9 +304,9 @@ class _FreshWorkers:
     """
 
     def __init__(self, device: str, budget_bytes: int, progress: Progress) -> None:
-        from edgebatch.probe.budget import device_room_bytes
-        from edgebatch.probe.forkserver import ForkServer, fork_server_wanted
-        from edgebatch.probe.worker import worker_environment
+        from edgebatch.probing.budget import device_room_bytes
+        from edgebatch.probing.forkserver import ForkServer, fork_server_wanted
+        from edgebatch.probing.worker import worker_environment
 
         self._progress = progress
         self.server = None
@@ -315,7 +315,7 @@ class _FreshWorkers:
             self.server = ForkServer(worker_environment(device))
 
     def start(self, setup: WorkerSetup) -> Worker:
-        from edgebatch.probe.forkserver import ForkServerError
+        from edgebatch.probing.forkserver import ForkServerError
 
         if self.server is not None:
             try:

@@ -43,9 +43,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from edgebatch.probe import baselines
-from edgebatch.probe.memory_fit import bump_excess_bytes, memory_model_of
-from edgebatch.probe.outcomes import (
+from edgebatch.probing import baselines
+from edgebatch.probing.memory_fit import bump_excess_bytes, memory_model_of
+from edgebatch.probing.outcomes import (
     STRATEGIES,
     Done,
     Outcome,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgebatch.errors import UsageError
-from edgebatch.probe.budget import default_device, device_facts
+from edgebatch.probing.budget import default_device, device_facts
 from edgebatch.profiles import DeviceProfile, find_profile, model_key, resolve_profiles_dir
 from edgebatch.profiles.fingerprint import config_hash
 from edgebatch.zoo import OPTIMIZERS, PRECISIONS, build_model, parse_model_spec
@@ -37,7 +37,7 @@ def cached_profile(
         raise UsageError(f"unknown optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
     import tensorflow as tf
 
-    from edgebatch.probe.trial import architecture_description, input_specs
+    from edgebatch.probing.trial import architecture_description, input_specs
 
     if isinstance(model, str):
         spec = parse_model_spec(model)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from edgebatch.probe import memory_fit
-from edgebatch.probe.outcomes import Edge, Outcome, counted_failures, edge_of
+from edgebatch.probing import memory_fit
+from edgebatch.probing.outcomes import Edge, Outcome, counted_failures, edge_of
 from edgebatch.profiles.model import MemoryModel, Trial
 
 # Throughput within 5% of the best counts as the plateau (the definition of the knee).

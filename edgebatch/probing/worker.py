@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 
 from edgebatch.errors import ProbeError, UsageError
-from edgebatch.probe.trial import swap_grew
+from edgebatch.probing.trial import swap_grew
 
 PREFIX = "@@edgebatch "
 
@@ -314,7 +314,7 @@ def spawn_worker(setup: WorkerSetup, command: list[str] | None = None, server=No
         process = server.spawn(env, stderr_file.fileno())  # in a session of its own, like the Popen below
     else:
         process = subprocess.Popen(
-            command or [sys.executable, "-m", "edgebatch.probe.worker"],
+            command or [sys.executable, "-m", "edgebatch.probing.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr_file,
@@ -482,7 +482,7 @@ def worker_main() -> int:
     try:
         import tensorflow as tf
 
-        from edgebatch.probe.trial import TrialRunner
+        from edgebatch.probing.trial import TrialRunner
         from edgebatch.sensors import enable_memory_growth
         from edgebatch.zoo import build_model, parse_model_spec
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from edgebatch.errors import UsageError
-from edgebatch.probe.outcomes import Done, Outcome, Run, SearchConfig, first_batch, round_down
+from edgebatch.probing.outcomes import Done, Outcome, Run, SearchConfig, first_batch, round_down
 
 SHRINK_FACTORS = {"shrink_x0.9": 0.9, "shrink_x0.5": 0.5}
 ONE_SHOT = "one_shot_estimate"

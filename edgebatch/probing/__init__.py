@@ -1,0 +1,16 @@
+"""The probe: find the largest safe training batch of a model on a device.
+
+outcomes.py (shared records), search.py (pure strategy), memory_fit.py and summary.py (pure
+numbers), reuse.py (when a cached profile answers), trial.py (TensorFlow steps), worker.py (trials
+in worker processes), forkserver.py (fresh workers without a new TensorFlow import), budget.py
+(device and budget), api.py (the recipe), lookup.py (a model's cached profile, for training code).
+Importing this package does not import TensorFlow.
+
+The package is `edgebatch.probing` so that `edgebatch.probe`, the function, does not shadow it
+(`import edgebatch.probe.search` used to fail once `edgebatch` had bound the name to the function).
+"""
+
+from edgebatch.probing.api import ProbeRequest, probe, run_probe
+from edgebatch.probing.lookup import cached_profile
+
+__all__ = ["ProbeRequest", "cached_profile", "probe", "run_probe"]
