@@ -6,37 +6,18 @@ TensorFlow in worker processes anyway.
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
 
 import click
 
-from edgebatch.errors import EdgebatchError, UsageError
+from edgebatch.cli_errors import handle_errors as _handle_errors
+from edgebatch.errors import EdgebatchError
 from edgebatch.probing.api import ProbeRequest
 from edgebatch.probing.search import STRATEGIES
 from edgebatch.units import format_bytes
 from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZERS, PRECISIONS
 
 
-def _handle_errors(function):
-    """Library errors become one line and the right exit code (2 usage, 1 runtime), no traceback."""
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        try:
-            return function(*args, **kwargs)
-        except UsageError as error:
-            raise click.UsageError(str(error)) from None
-        except EdgebatchError as error:
-            exception = click.ClickException(str(error))
-            exception.exit_code = error.exit_code
-            raise exception from None
-        except KeyboardInterrupt:
-            click.echo("edgebatch: interrupted; nothing was written", err=True)
-            sys.exit(130)
-
-    return wrapper
 
 
 # Every probe option's default has one owner, ProbeRequest; the options below only show it.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from edgebatch.errors import EdgebatchError, UsageError
+from edgebatch.cli_errors import handle_errors
 from edgebatch.training.supervisor import DEFAULT_MAX_RESTARTS
 
 
@@ -27,6 +27,7 @@ from edgebatch.training.supervisor import DEFAULT_MAX_RESTARTS
 @click.option("--report", "report_path", default=None, metavar="FILE.json",
               help="Also write the final report (every child's end, restarts, signals, exit code) as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@handle_errors
 def supervise(max_restarts, checkpoint_dir, report_path, command):
     """Run COMMAND (after --) and restart it from its last checkpoint when it is killed.
 
@@ -41,15 +42,8 @@ def supervise(max_restarts, checkpoint_dir, report_path, command):
 
     if report_path is not None and not Path(report_path).resolve().parent.is_dir():
         raise click.UsageError(f"--report {report_path!r}: its folder does not exist")
-    try:
-        report = run(list(command), checkpoint_dir=checkpoint_dir, max_restarts=max_restarts,
-                     progress=lambda line: click.echo(line, err=True))
-    except UsageError as error:
-        raise click.UsageError(str(error)) from None
-    except EdgebatchError as error:
-        exception = click.ClickException(str(error))
-        exception.exit_code = error.exit_code
-        raise exception from None
+    report = run(list(command), checkpoint_dir=checkpoint_dir, max_restarts=max_restarts,
+                 progress=lambda line: click.echo(line, err=True))
     if report_path is not None:
         _write_json(report_path, report.to_dict())
     sys.exit(report.exit_code)

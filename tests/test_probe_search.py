@@ -140,7 +140,6 @@ def test_an_over_budget_reading_guides_the_bisection_from_above():
 
 
 def test_fresh_readings_below_the_line_turn_it_down_and_never_up():
-    config = SearchConfig(budget_bytes=1000 * MIB)
     scout = [Outcome(b, True, (200 + 3 * b) * MIB) for b in (8, 16, 32, 200)]
     plain = usable_model(scout)
     lower = usable_model([*scout, Outcome(210, True, (130 + 3 * 210) * MIB, fresh=True)])
@@ -180,7 +179,6 @@ def test_fresh_readings_that_bend_away_from_the_small_batch_line_are_fitted_on_t
 
 
 def test_close_fresh_batches_do_not_set_the_slope():
-    config = SearchConfig(budget_bytes=1000 * MIB)
     scout = [Outcome(b, True, (200 + 3 * b) * MIB) for b in (8, 16, 32, 200)]
     near = [Outcome(200, True, (100 + 3 * 200) * MIB, fresh=True), Outcome(210, True, (100 + 3 * 200 + 1) * MIB, fresh=True)]
     model = usable_model([*scout, *near])

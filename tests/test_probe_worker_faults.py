@@ -4,7 +4,6 @@ Most tests drive the parent side against a stand-in worker (a few lines of Pytho
 protocol), so they take about a second each; the killed-parent tests run the real worker module.
 """
 
-import json
 import os
 import signal
 import subprocess

@@ -22,7 +22,7 @@ from edgebatch.errors import ProbeError, UsageError
 from edgebatch.probing import summary
 from edgebatch.probing.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
 from edgebatch.probing.reuse import reuse_problem
-from edgebatch.probing.search import Done, Outcome, Run, SearchConfig, Skip, next_step
+from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
 from edgebatch.probing.worker import BASELINE_FIELDS, MEASURE_FIELDS, Worker, WorkerSetup, start_worker
 from edgebatch.profiles import (
     SCHEMA_VERSION,

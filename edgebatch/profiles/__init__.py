@@ -5,8 +5,8 @@ layout are documented in device_profiles/README.md.
 """
 
 from edgebatch.profiles.fingerprint import config_hash, device_fingerprint, model_key
-from edgebatch.profiles.model import SCHEMA_VERSION, DeviceProfile, MemoryModel, Trial, utc_now_iso
-from edgebatch.profiles.schema import PROFILE_SCHEMA, profile_problem, validate_profile_dict
+from edgebatch.profiles.model import DeviceProfile, MemoryModel, Trial, utc_now_iso
+from edgebatch.profiles.schema import PROFILE_SCHEMA, SCHEMA_VERSION, profile_problem, validate_profile_dict
 from edgebatch.profiles.store import (
     LOCK_TIMEOUT_SECONDS,
     PROFILES_ENV_VAR,

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 # The schema owns the version and imports nothing from here, so the records sit above it (no cycle).
-from edgebatch.profiles.schema import SCHEMA_VERSION, validate_profile_dict
+from edgebatch.profiles.schema import validate_profile_dict
 
 
 @dataclass(frozen=True)
