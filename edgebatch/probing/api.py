@@ -22,8 +22,17 @@ from edgebatch.errors import ProbeError, UsageError
 from edgebatch.probing import summary
 from edgebatch.probing.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
 from edgebatch.probing.reuse import reuse_problem
+from edgebatch.probing.outcomes import DEFAULT_MAX_BATCH_LIMIT, DEFAULT_START_BATCH, DEFAULT_STRATEGY
 from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
-from edgebatch.probing.worker import BASELINE_FIELDS, MEASURE_FIELDS, Worker, WorkerSetup, start_worker
+from edgebatch.probing.worker import (
+    BASELINE_FIELDS,
+    DEFAULT_STEPS_PER_TRIAL,
+    DEFAULT_TRIAL_SECONDS,
+    MEASURE_FIELDS,
+    Worker,
+    WorkerSetup,
+    start_worker,
+)
 from edgebatch.profiles import (
     SCHEMA_VERSION,
     DeviceProfile,
@@ -61,7 +70,8 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeRequest:
-    """What a probe is asked; every default is written here once (the CLI reads them from here).
+    """What a probe is asked. The CLI reads every default from here; the search's and the trial's
+    come from their owners (outcomes.py, worker.py), headroom and the rest are owned here.
 
     `max_batch_limit` is the largest batch the search may try; `max_batch` is only ever the answer.
     `allow_overcommit` accepts an explicit budget above what the device can give now.
@@ -73,13 +83,13 @@ class ProbeRequest:
     allow_overcommit: bool = False
     precision: str = "float32"
     optimizer: str = "adam"
-    start: int = 8
-    max_batch_limit: int = 4096
+    start: int = DEFAULT_START_BATCH
+    max_batch_limit: int = DEFAULT_MAX_BATCH_LIMIT
     multiple: int = 1
     headroom: float = 0.10
-    steps_per_trial: int = 3
-    trial_seconds: float = 10.0
-    strategy: str = "slow_start"
+    steps_per_trial: int = DEFAULT_STEPS_PER_TRIAL
+    trial_seconds: float = DEFAULT_TRIAL_SECONDS
+    strategy: str = DEFAULT_STRATEGY
     worker_address_space_headroom_bytes: int | None = None
 
     def search_settings(self) -> dict:

@@ -24,20 +24,22 @@ from edgebatch.errors import UsageError
 # The last three are the peers' finders, for benchmarks (baselines.py): Accelerate's shrink-on-OOM
 # (x0.9 now, x0.5 before) and a DeepSpeed-style one-shot estimate.
 STRATEGIES = ("slow_start", "binsearch", "power", "shrink_x0.9", "shrink_x0.5", "one_shot_estimate")
-# The largest batch a search tries unless told otherwise (the CLI's and ProbeRequest's default).
+# The search's defaults, owned here; ProbeRequest (and through it the CLI) reads them.
+DEFAULT_START_BATCH = 8
 DEFAULT_MAX_BATCH_LIMIT = 4096
+DEFAULT_STRATEGY = "slow_start"
 
 
 @dataclass(frozen=True)
 class SearchConfig:
     budget_bytes: int
-    start_batch: int = 8
+    start_batch: int = DEFAULT_START_BATCH
     # The largest batch the search may try; the answer (`Done.max_batch`) is at most this.
     max_batch_limit: int = DEFAULT_MAX_BATCH_LIMIT
     multiple: int = 1
     # Stop bisecting when the interval is within 2% of the answer (or one `multiple`).
     tolerance: float = 0.02
-    strategy: str = "slow_start"
+    strategy: str = DEFAULT_STRATEGY
     # The first jump lands this far under the predicted ceiling: the fit from a few small batches
     # can be off by a few percent (docs/tensorflow-memory.md, "Peak is jagged in batch size":
     # +-40 MiB steps), and a jump that overshoots costs a failed trial at the most expensive batch

@@ -75,14 +75,19 @@ def trial_deadline_seconds(trial_seconds: float, expected_step_seconds: float | 
     return deadline
 
 
+# A trial's defaults, owned here; ProbeRequest (and through it the CLI) reads them.
+DEFAULT_STEPS_PER_TRIAL = 3
+DEFAULT_TRIAL_SECONDS = 10.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkerSetup:
     model_spec: str
     precision: str = "float32"
     optimizer: str = "adam"
     device: str = "CPU:0"
-    steps_per_trial: int = 3
-    trial_seconds: float = 10.0
+    steps_per_trial: int = DEFAULT_STEPS_PER_TRIAL
+    trial_seconds: float = DEFAULT_TRIAL_SECONDS
     prewarm_batch: int | None = None
     prewarm_steps: int = 0
     # Cap the worker's address space at (its size after setup + this many bytes), so that an
