@@ -40,35 +40,16 @@ def fresh(model: str, batch: int, steps: int) -> tuple[dict, float]:
     return json.loads(line[-1]), time.monotonic() - started
 
 
-def resident_file_pages() -> list[int]:
-    """Addresses of this process's file-backed pages that are resident in its page tables (pagemap bit 63)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    addresses = []
-    with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
-        for line in maps.read().splitlines():
-            fields = line.split()
-            if len(fields) < 6 or not fields[5].startswith("/"):
-                continue  # anonymous, heap, stack, vdso: fork copies their entries
-            if "r" not in fields[1]:
-                continue
-            start, end = (int(part, 16) for part in fields[0].split("-"))
-            pagemap.seek(start // page * 8)
-            entries = pagemap.read((end - start) // page * 8)
-            for index in range(len(entries) // 8):
-                if entries[index * 8 + 7] & 0x80:
-                    addresses.append(start + index * page)
-    return addresses
+def anonymous_bytes() -> int:
+    """This process's anonymous memory (smaps_rollup): what a fork server holds beside every trial."""
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
-def retouch(addresses: list[int]) -> None:
-    """Read one byte of each page so the child maps what its parent had resident, as a fresh process would."""
-    import ctypes
-
-    for address in addresses:
-        ctypes.string_at(address, 1)
-
-
-def forked(model: str, batch: int, steps: int, touch: list[int] | None = None) -> tuple[dict, float]:
+def forked(model: str, batch: int, steps: int, touch=None) -> tuple[dict, float]:
     """Fork from this process (TensorFlow imported, nothing run) and run fresh_step's main in the child."""
     read_end, write_end = os.pipe()
     started = time.monotonic()
@@ -76,7 +57,7 @@ def forked(model: str, batch: int, steps: int, touch: list[int] | None = None) -
     if pid == 0:  # the child: fresh_step prints its JSON line to stdout, which the pipe now is
         os.close(read_end)
         if touch is not None:
-            retouch(touch)
+            touch_pages(touch)
         os.dup2(write_end, 1)
         sys.argv = [str(FRESH_STEP), model, str(batch), str(steps)]
         try:
@@ -100,7 +81,8 @@ def main() -> None:
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 12
     repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     touch = resident_file_pages()
-    print(f"fork server: {len(touch)} resident file-backed pages to retouch in each child", flush=True)
+    print(f"fork server: {len(touch)} resident file-backed pages to retouch in each child; "
+          f"{anonymous_bytes() / 2**20:.0f} MiB anonymous memory of its own", flush=True)
     results: dict[str, list[tuple[dict, float]]] = {"fresh": [], "forked": [], "retouched": []}
     arms = (("fresh", fresh), ("forked", forked),
             ("retouched", lambda model, batch, steps: forked(model, batch, steps, touch)))
@@ -135,5 +117,7 @@ if __name__ == "__main__":
     import tensorflow  # noqa: E402,F401
 
     import edgebatch.zoo  # noqa: E402,F401
+    # The fork server's own page reading (edgebatch/probing/forkserver.py), so this measures what it does.
+    from edgebatch.probing.forkserver import resident_file_pages, touch_pages  # noqa: E402
 
     main()

@@ -300,7 +300,7 @@ def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: l
 
 
 # What the fork server keeps to itself: 286 MiB anonymous memory after importing TensorFlow and
-# Keras here (smaps_rollup), rounded up. Children share it copy-on-write.
+# Keras here (tools/forkserver_check.py prints it), rounded up. Children share it copy-on-write.
 FORK_SERVER_RESERVE_BYTES = 512 * 1024**2
 
 

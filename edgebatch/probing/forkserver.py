@@ -198,7 +198,7 @@ def resident_file_pages() -> array.array:
     return addresses
 
 
-def _touch(addresses: array.array) -> None:
+def touch_pages(addresses: array.array) -> None:
     """Read one byte of each page: the child then maps what its parent had resident."""
     for address in addresses:
         ctypes.string_at(address, 1)
@@ -223,7 +223,7 @@ def _child(connection: socket.socket, fds: list[int], env: dict[str, str], pages
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", line_buffering=True)
         os.environ.update(env)
-        _touch(pages)
+        touch_pages(pages)
         from edgebatch.probing.worker import worker_main
 
         code = worker_main()
