@@ -21,7 +21,7 @@ from pathlib import Path
 from edgebatch.errors import ProbeError, UsageError
 from edgebatch.probing import summary
 from edgebatch.probing.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
-from edgebatch.probing.reuse import reuse_problem
+from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
 from edgebatch.probing.outcomes import DEFAULT_MAX_BATCH_LIMIT, DEFAULT_START_BATCH, DEFAULT_STRATEGY
 from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
 from edgebatch.probing.worker import (
@@ -220,7 +220,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             if problem is None:
                 progress(
                     f"reusing cached profile {directory / cached.path_name}: same device, model and settings, "
-                    "budget within 3% (--force probes again)"
+                    f"budget within {BUDGET_TOLERANCE_FRACTION:.0%} (--force probes again)"
                 )
                 return cached
             progress(f"not reusing cached profile {directory / cached.path_name}: {problem}; probing again")
