@@ -1,0 +1,342 @@
+"""`edgebatch fleet report`: merged rows, stale/duplicate/outlier flags, escaped HTML, CLI exit codes.
+
+Fast and TensorFlow-free. The fleet is the committed device_profiles/ plus profiles generated here
+in tmp dirs (test data only; nothing is written to device_profiles/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from datetime import datetime, timezone
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from profile_factory import GIB, make_profile, make_trial
+
+from edgebatch.cli import main
+from edgebatch.fleet import cli_report
+from edgebatch.fleet.report import (
+    DUPLICATE,
+    OUTLIER,
+    STALE,
+    RunningVersions,
+    analyse,
+    collect,
+    report_to_dict,
+    throughput_at_batch,
+)
+from edgebatch.fleet.report_html import render_html
+from edgebatch.profiles import save_profile
+
+COMMITTED = Path(__file__).resolve().parent.parent / "device_profiles"
+RUNNING = RunningVersions(schema_version=1, edgebatch="0.1.0", tensorflow="2.21.0")  # make_profile's defaults
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
+
+HOSTILE_DESCRIPTION = '<script>alert(1)</script>" onmouseover="x $\\frac{'
+HOSTILE_MODEL = "</svg><img src=x onerror=alert(1)> $\\frac{$"  # unescaped, mathtext raises on $..$
+HOSTILE_HOST = "<b onclick=alert(1)>\x1b[31mred</b>"
+HOSTILE_NODE_ID = "'><iframe src=//evil>"
+
+# What TEMPLATE in report_html.py may produce, and nothing else, whatever the profiles say.
+EXPECTED_TAGS = {
+    "html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "table", "thead", "tbody",
+    "tr", "th", "td", "br", "code", "span", "ul", "li", "img",
+}
+EXPECTED_ATTRIBUTES = {("html", "lang"), ("meta", "charset"), ("td", "class"), ("tr", "class"), ("span", "class"), ("p", "class"),
+                       ("img", "src"), ("img", "alt")}
+ALLOWED_CLASS_WORDS = {"num", "note", "stale", "duplicate", "outlier"}
+
+
+class _Collector(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags: set[str] = set()
+        self.attributes: list[tuple[str, str, str | None]] = []
+        self.text: list[str] = []
+        self.comments: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.attributes.extend((tag, name, value) for name, value in attrs)
+
+    handle_startendtag = handle_starttag
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def handle_comment(self, data):
+        self.comments.append(data)
+
+
+def _parse(page: str) -> _Collector:
+    collector = _Collector()
+    collector.feed(page)
+    collector.close()
+    return collector
+
+
+def _save(profile, directory: Path) -> Path:
+    return save_profile(profile, directory)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """A fleet probe's layout (nodes/<label>/...) with one of each thing the report must flag."""
+    nodes = tmp_path / "fleet" / "nodes"
+    base = make_profile(device={"host": "node-a", "ray_node_id": "ray-a"}, created_at="2026-12-01T12:00:00Z")
+    _save(base, nodes / "node-a")
+    # Same hardware and model on another host, 25% higher ceiling under a larger budget: an outlier.
+    _save(make_profile(device={"host": "node-b"}, max_batch=80, safe_batch=72, budget_bytes=3 * GIB),
+          nodes / "node-b")
+    # Probed by an older edgebatch under another TensorFlow: stale (a different model key, too).
+    _save(make_profile(versions={"edgebatch": "0.0.9", "tensorflow": "2.15.1"}), nodes / "node-c")
+    # Someone else's names, and throughput timed on warm-up steps.
+    trials = list(make_profile().trials)
+    trials[2] = dataclasses.replace(trials[2], steady=False)
+    _save(make_profile(device={"description": HOSTILE_DESCRIPTION, "host": HOSTILE_HOST,
+                               "ray_node_id": HOSTILE_NODE_ID},
+                       model={"name": HOSTILE_MODEL}, trials=tuple(trials), safe_batch=48),
+          nodes / "node-d")
+    (nodes / "node-e").mkdir()
+    (nodes / "node-e" / "broken.json").write_text("{not json", encoding="utf-8")
+    # A copy of node-a's profile in another directory: the same (device, model, host) twice.
+    copies = tmp_path / "copies" / "node-a"
+    copies.mkdir(parents=True)
+    shutil.copy(nodes / "node-a" / base.path_name, copies / base.path_name)
+    return tmp_path
+
+
+def _report(fleet_root: Path):
+    entries, invalid = collect([str(COMMITTED), str(fleet_root / "fleet"), str(fleet_root / "copies")])
+    return analyse(entries, invalid, now=NOW, running=RUNNING)
+
+
+def _rows(report, **match):
+    return [row for row in report.rows if all(getattr(row, key) == value for key, value in match.items())]
+
+
+def test_throughput_at_batch_measured_interpolated_unmeasured_and_unsteady():
+    trials = (
+        make_trial(8, 900, step_seconds=0.1),  # 80 samples/s
+        make_trial(16, 1000, step_seconds=0.1),  # 160
+        dataclasses.replace(make_trial(32, 1200, step_seconds=0.1), steady=False),  # 320, warm-up timed
+        make_trial(64, None, ok=False, error="oom"),
+    )
+    measured = throughput_at_batch(trials, 16)
+    assert (measured.basis, measured.samples_per_second, measured.steady) == ("measured", pytest.approx(160), None)
+    between = throughput_at_batch(trials, 12)
+    assert (between.basis, between.samples_per_second) == ("interpolated", pytest.approx(120))
+    resting_on_warmup = throughput_at_batch(trials, 24)
+    assert resting_on_warmup.samples_per_second == pytest.approx(240)
+    assert resting_on_warmup.steady is False
+    assert throughput_at_batch(trials, 48).basis == "unmeasured"  # the failed trial has no rate
+    assert throughput_at_batch(trials, 4).samples_per_second is None
+
+
+def test_committed_profiles_report_without_flags():
+    entries, invalid = collect([str(COMMITTED)])
+    report = analyse(entries, invalid, now=NOW, running=RUNNING)
+    assert invalid == []
+    assert len(report.rows) == len(list(COMMITTED.glob("*.json"))) >= 2
+    assert all(row.flags == () for row in report.rows)
+    assert {row.host for row in report.rows} == {"device_profiles"}  # no device.host: the directory name
+    for row in report.rows:
+        assert row.safe_batch <= row.max_batch
+        assert row.throughput_at_safe.samples_per_second > 0
+        assert row.age_seconds > 0
+        assert report.matrix_cells[(row.device_id, row.model_key)] == (row.safe_batch,)
+
+
+def test_stale_duplicate_and_outlier_profiles_are_flagged(fleet):
+    report = _report(fleet)
+
+    stale = [row for row in report.rows if STALE in row.flag_kinds()]
+    assert [row.host for row in stale] == ["node-c"]
+    assert "TensorFlow 2.15, running 2.21" in stale[0].flags[0].message
+    assert "edgebatch 0.0.9, running 0.1.0" in stale[0].flags[0].message
+
+    duplicated = [row for row in report.rows if DUPLICATE in row.flag_kinds()]
+    assert sorted(Path(row.source).parts[-3] for row in duplicated) == ["copies", "nodes"]
+    (group,) = report.duplicates
+    assert group.host == "node-a" and group.identical
+
+    (outlier,) = report.outliers
+    assert outlier.spread_fraction == pytest.approx(0.25)
+    assert [(m.host, m.max_batch, m.budget_bytes) for m in outlier.members] == [
+        ("node-a", 64, 2 * GIB), ("node-a", 64, 2 * GIB), ("node-b", 80, 3 * GIB)]
+    assert outlier.budgets_differ
+    message = _rows(report, host="node-b")[0].flags[0].message
+    assert "differs by 25%" in message and "2.00 GiB" in message and "3.00 GiB" in message
+    assert "budgets differ" in message
+
+    # The committed profiles and the hostile one carry no flags of their own.
+    assert all(row.flags == () for row in _rows(report, host="device_profiles"))
+    assert _rows(report, host=HOSTILE_HOST)[0].flags == ()
+    assert report.count(STALE) == 1 and report.count(DUPLICATE) == 2 and report.count(OUTLIER) == 3
+
+
+def test_ceilings_within_ten_percent_are_not_outliers(tmp_path):
+    entries = [(f"{host}/p.json", make_profile(device={"host": host}, max_batch=ceiling, safe_batch=ceiling))
+               for host, ceiling in (("a", 100), ("b", 110))]
+    assert analyse(entries, now=NOW, running=RUNNING).outliers == ()
+    entries.append(("c/p.json", make_profile(device={"host": "c"}, max_batch=111, safe_batch=100)))
+    (group,) = analyse(entries, now=NOW, running=RUNNING).outliers
+    assert group.spread_fraction == pytest.approx(0.11)
+    assert not group.budgets_differ
+    assert "same budget" in _rows(analyse(entries, now=NOW, running=RUNNING), host="c")[0].flags[0].message
+
+
+def test_the_same_directory_twice_is_a_duplicate():
+    entries, invalid = collect([str(COMMITTED), str(COMMITTED)])
+    report = analyse(entries, invalid, now=NOW, running=RUNNING)
+    assert all(row.flag_kinds() == (DUPLICATE,) for row in report.rows)
+    assert all("this same file" in row.flags[0].message for row in report.rows)
+    assert report.outliers == ()  # one host: nothing to compare
+
+
+def test_invalid_files_are_listed_and_the_rest_reported(fleet):
+    report = _report(fleet)
+    (broken,) = report.invalid
+    assert broken.source.endswith("broken.json")
+    assert "not valid JSON" in broken.error and "\n" not in broken.error
+    assert len(report.rows) == len(list(COMMITTED.glob("*.json"))) + 5
+    missing, _ = collect([str(fleet / "no-such-dir")])
+    assert missing == []
+
+
+def test_hostile_names_become_text_only(fleet):
+    page = render_html(_report(fleet), plots=True)
+    parsed = _parse(page)
+    assert parsed.tags == EXPECTED_TAGS
+    assert {(tag, name) for tag, name, _value in parsed.attributes} == EXPECTED_ATTRIBUTES
+    for tag, name, value in parsed.attributes:
+        if name == "class":
+            assert set(value.split()) <= ALLOWED_CLASS_WORDS, value
+        if name == "src":
+            assert value.startswith("data:image/png;base64,")
+    assert parsed.comments == []
+    text = "".join(parsed.text)
+    for hostile in (HOSTILE_DESCRIPTION, HOSTILE_MODEL, HOSTILE_HOST, HOSTILE_NODE_ID):
+        assert hostile in text, "shown as text, not dropped"
+    assert "<script" not in page and "<iframe" not in page
+    # Offline: no links, no external scripts, styles or fonts.
+    assert "http://" not in page and "https://" not in page
+    assert "@import" not in page and "url(" not in page
+    # One plot per device (host, fingerprint): committed device, node-a, b, c, d.
+    assert sum(1 for tag, name, _ in parsed.attributes if (tag, name) == ("img", "src")) == 5
+
+
+def test_html_says_how_to_get_plots_without_matplotlib(fleet, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    text = "".join(_parse(render_html(_report(fleet))).text)
+    assert "pip install 'edgebatch[plots]'" in text
+
+
+def test_report_json_is_plain_data(fleet):
+    data = report_to_dict(_report(fleet))
+    assert json.loads(json.dumps(data)) == data
+    assert {row["host"] for row in data["rows"]} >= {"node-a", "node-b", "node-c", HOSTILE_HOST, "device_profiles"}
+    node_d = next(row for row in data["rows"] if row["host"] == HOSTILE_HOST)
+    assert node_d["samples_per_second_basis"] == "interpolated"  # 48 between trials at 32 and 64
+    assert node_d["samples_per_second_steady"] is False  # the trial at 32 timed its warm-up
+    assert node_d["unsteady_batches"] == [32]
+    assert data["invalid"][0]["error"]
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    monkeypatch.setattr(cli_report, "running_versions", lambda: RUNNING)
+    return CliRunner()
+
+
+def test_cli_text_table_flags_and_unreadable_files(runner, fleet):
+    result = runner.invoke(main, ["fleet", "report", str(COMMITTED), str(fleet / "fleet"), str(fleet / "copies")])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "\x1b" not in out, "a profile cannot drive the terminal"
+    assert "\\x1b[31mred" in out
+    assert "outlier: max_batch of the same hardware and model differs by 25%" in out
+    assert "stale: TensorFlow 2.15, running 2.21" in out
+    assert "broken.json: " in out and "not valid JSON" in out
+    assert "1 stale (S), 2 duplicate (D), 3 outlier (O); 1 unreadable" in out
+
+
+def test_cli_json(runner, fleet):
+    result = runner.invoke(main, ["fleet", "report", "--json", str(fleet / "fleet")])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert len(data["rows"]) == 4 and len(data["outliers"]) == 1 and data["duplicates"] == []
+    assert [item["source"].endswith("broken.json") for item in data["invalid"]] == [True]
+
+
+def test_cli_html_is_written_whole_and_says_where(runner, fleet, monkeypatch):
+    monkeypatch.setattr(cli_report, "PROGRESS_MIN_FILES", 2)
+    target = fleet / "out" / "fleet.html"
+    target.parent.mkdir()
+    result = runner.invoke(main, ["fleet", "report", "--no-plots", "--html", str(target), str(fleet / "fleet")])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {target}" in result.stdout
+    assert "read 4 profiles and 1 invalid files from" in result.stderr
+    page = target.read_text(encoding="utf-8")
+    assert _parse(page).tags <= EXPECTED_TAGS and "Plots were not drawn" in page
+    assert sorted(p.name for p in target.parent.iterdir()) == ["fleet.html"]
+
+    def fail(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli_report.os, "fsync", fail)
+    again = runner.invoke(main, ["fleet", "report", "--no-plots", "--html", str(target), str(fleet / "fleet")])
+    assert again.exit_code == 1
+    assert "cannot write" in again.output and "No space left on device" in again.output
+    assert "Traceback" not in again.output
+    assert target.read_text(encoding="utf-8") == page, "the old page is left as it was"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["fleet.html"], "no temporary file left"
+
+
+def test_cli_exit_codes(runner, fleet):
+    no_paths = runner.invoke(main, ["fleet", "report"])
+    assert no_paths.exit_code == 2 and "Missing argument" in no_paths.output
+    nothing = runner.invoke(main, ["fleet", "report", str(fleet / "no-such-dir")])
+    assert nothing.exit_code == 1
+    assert "does not exist" in nothing.stdout
+    assert nothing.stderr.strip().splitlines()[-1].startswith("Error: no readable profile in")
+    missing_dir = runner.invoke(main, ["fleet", "report", "--html", str(fleet / "nope" / "x.html"), str(COMMITTED)])
+    assert missing_dir.exit_code == 1 and "cannot write" in missing_dir.output
+    assert "Traceback" not in missing_dir.output
+
+
+def test_other_schema_versions_are_stale_or_unreadable(tmp_path):
+    path = _save(make_profile(), tmp_path / "node-a")
+    entries, invalid = collect([str(path)])  # a single file
+    assert [source for source, _profile in entries] == [str(path)] and invalid == []
+    newer = RunningVersions(schema_version=2, edgebatch="0.1.0", tensorflow="2.21.0")
+    (row,) = analyse(entries, now=NOW, running=newer).rows
+    assert row.flag_kinds() == (STALE,) and "schema 1, this edgebatch writes 2" in row.flags[0].message
+    # A file of a newer schema is not read as a profile at all: listed, with why.
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["schema_version"] = 2
+    (tmp_path / "node-b").mkdir()
+    (tmp_path / "node-b" / path.name).write_text(json.dumps(data), encoding="utf-8")
+    entries, invalid = collect([str(tmp_path)])
+    assert len(entries) == 1
+    (newer_file,) = invalid
+    assert "newer edgebatch" in newer_file.error
+
+
+def test_running_tensorflow_is_read_without_importing_it():
+    import subprocess
+    import sys
+
+    code = ("import sys; from edgebatch.fleet.report import running_versions; v = running_versions(); "
+            "print(v.tensorflow is not None, 'tensorflow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "False"]
