@@ -170,7 +170,7 @@ def test_stale_duplicate_and_outlier_profiles_are_flagged(fleet):
         ("node-a", 64, 2 * GIB), ("node-a", 64, 2 * GIB), ("node-b", 80, 3 * GIB)]
     assert outlier.budgets_differ
     message = _rows(report, host="node-b")[0].flags[0].message
-    assert "differs by 25%" in message and "2.00 GiB" in message and "3.00 GiB" in message
+    assert "differs by 25% across hosts (node-a: 64 at budget 2.00 GiB; node-b: 80 at budget 3.00 GiB)" in message
     assert "budgets differ" in message
 
     # The committed profiles and the hostile one carry no flags of their own.

@@ -504,9 +504,13 @@ def outlier_message(group: OutlierGroup, *, members_shown: int = 6) -> str:
     """One line: how far apart the ceilings are, each host's max_batch and budget, and whether budgets explain it."""
     from edgebatch.units import format_bytes
 
-    shown = [f"{m.host}: {m.max_batch} at budget {format_bytes(m.budget_bytes)}" for m in group.members[:members_shown]]
-    if len(group.members) > members_shown:
-        shown.append(f"and {len(group.members) - members_shown} more")
+    # Duplicates (same host, ceiling and budget) say the same thing: once is enough.
+    distinct = list(dict.fromkeys(
+        f"{m.host}: {m.max_batch} at budget {format_bytes(m.budget_bytes)}" for m in group.members
+    ))
+    shown = distinct[:members_shown]
+    if len(distinct) > members_shown:
+        shown.append(f"and {len(distinct) - members_shown} more")
     cause = (
         "the budgets differ, which may explain it"
         if group.budgets_differ
