@@ -255,3 +255,32 @@ def test_load_profile_needs_a_file_or_both_keys(tmp_path):
         load_profile(tmp_path)
     with pytest.raises(UsageError, match="both device_fingerprint and model_key"):
         load_profile(tmp_path, device_fingerprint="cpu-x")
+
+
+def test_list_profiles_recursive_walks_node_subdirectories(tmp_path):
+    top = make_profile()
+    node = make_profile(device={"cores": 8})
+    save_profile(top, tmp_path)
+    save_profile(node, tmp_path / "nodes" / "node-a")
+    (tmp_path / "nodes" / "node-a" / f".{node.path_name}.somehost.1.abcdefgh.tmp").write_text('{"half": ')
+    assert [path for path, _ in list_profiles(tmp_path)] == [tmp_path / top.path_name]
+    listed = list_profiles(tmp_path, recursive=True)
+    assert listed == [(tmp_path / top.path_name, top), (tmp_path / "nodes" / "node-a" / node.path_name, node)]
+
+
+def test_temp_file_names_carry_host_and_pid_so_a_stranded_one_can_be_swept(tmp_path, monkeypatch):
+    profile = make_profile()
+    seen = []
+    real_replace = os.replace
+
+    def record_replace(source, target):
+        seen.append(os.path.basename(source))
+        real_replace(source, target)
+
+    monkeypatch.setattr(store.os, "replace", record_replace)
+    save_profile(profile, tmp_path)
+    monkeypatch.undo()
+    assert len(seen) == 1
+    assert seen[0].startswith(f".{profile.path_name}.{store._writer_label()}.{os.getpid()}.")
+    assert seen[0].endswith(".tmp")
+    assert not store._is_stranded_temp_file(seen[0])  # this process is alive

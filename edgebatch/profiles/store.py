@@ -1,18 +1,27 @@
-"""Device profiles on disk: one JSON file per (device fingerprint, model key), written atomically.
+"""Device profiles: one JSON file per (device fingerprint, model key), written atomically.
 
-Writers take a lock and replace the file in one rename, so a reader never needs a lock: it sees
-either the old file or the new one, never half of one. Every failure is a ProfileError that names
-the file and what to do about it.
+A profiles location is a local directory or an fsspec URL (see location.py). Local writers take a
+lock and replace the file in one rename; URL writers replace the object in one step their backend
+makes atomic (see save_profile). Either way a reader never needs a lock: it sees the old file or
+the new one, never half of one. Every failure is a ProfileError that names the file or URL and
+what to do about it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
 import json
 import os
+import re
+import socket
 import tempfile
+import uuid
 from pathlib import Path
 
 from edgebatch.errors import ProfileError, UsageError
+from edgebatch.profiles.location import ProfileURL, as_location, open_url, remote_errors
 from edgebatch.profiles.model import DeviceProfile
 from edgebatch.profiles.schema import REPROBE_FIX, SAFE_NAME_RE, profile_problem
 
@@ -20,25 +29,38 @@ PROFILES_ENV_VAR = "EDGEBATCH_PROFILES"
 DEFAULT_PROFILES_DIRNAME = "device_profiles"
 # A profile write takes milliseconds; 30 s of waiting means the other writer is stuck, not busy.
 LOCK_TIMEOUT_SECONDS = 30.0
+# fsspec backends where writing a whole object in one call (a PUT; for memory:// one dict
+# assignment) is atomic and where mv is a copy + delete rather than a rename: a profile is written
+# there in one pipe_file. Every other backend gets a temporary file next to the target and fs.mv.
+SINGLE_PUT_PROTOCOLS = frozenset({"memory", "s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "oci", "oss"})
+
+ProfileLocation = Path | ProfileURL
 
 _CREATE_HINT = (
     "run `edgebatch probe` for this model on this device, "
     f"or point ${PROFILES_ENV_VAR} at the directory that holds the profile"
 )
+# Temporary files are `.<target>.<writer>.<pid>.<random>.tmp`, so a later writer that sees the same
+# process ids (see _writer_label) can tell one stranded by a killed process from one being written.
+_TEMP_NAME_RE = re.compile(r"^\.(?P<target>.+)\.(?P<writer>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
 
 
-def resolve_profiles_dir(explicit: str | Path | None = None) -> Path:
-    """Where profiles live: `explicit` if given, else $EDGEBATCH_PROFILES if set, else ./device_profiles."""
+def resolve_profiles_dir(explicit: str | Path | None = None) -> ProfileLocation:
+    """Where profiles live: `explicit` if given, else $EDGEBATCH_PROFILES if set, else ./device_profiles.
+
+    A value starting with `protocol://` is returned as a ProfileURL (a str, never put through
+    Path); anything else as a Path with `~` expanded.
+    """
     if explicit is not None and str(explicit) != "":
-        return Path(explicit).expanduser()
+        return as_location(explicit)
     from_env = os.environ.get(PROFILES_ENV_VAR, "").strip()
     if from_env:
-        return Path(from_env).expanduser()
+        return as_location(from_env)
     return Path.cwd() / DEFAULT_PROFILES_DIRNAME
 
 
-def profile_path(profiles_dir: str | Path | None, device_fingerprint: str, model_key: str) -> Path:
-    """The file that holds the profile of (device_fingerprint, model_key) in `profiles_dir`."""
+def profile_path(profiles_dir: str | Path | None, device_fingerprint: str, model_key: str) -> ProfileLocation:
+    """The file (Path or ProfileURL) that holds the profile of (device_fingerprint, model_key) in `profiles_dir`."""
     for label, name in (("device fingerprint", device_fingerprint), ("model key", model_key)):
         if not isinstance(name, str) or not SAFE_NAME_RE.match(name) or "__" in name:
             raise UsageError(
@@ -53,13 +75,23 @@ def save_profile(
     profiles_dir: str | Path | None = None,
     *,
     lock_timeout_seconds: float = LOCK_TIMEOUT_SECONDS,
-) -> Path:
-    """Validate `profile` and write it to `<profiles_dir>/<path_name>` atomically; return the path.
+) -> ProfileLocation:
+    """Validate `profile` and write it to `<profiles_dir>/<path_name>` atomically; return the path or URL.
 
-    The directory is created if needed. The file is written to a temporary file next to it,
-    fsynced and renamed over the old one under a lock on `<file>.lock`, so concurrent writers end
-    with one whole file and an interrupted write (even by Ctrl-C) leaves the old file and no
-    temporary file behind.
+    What is atomic where (a reader never sees half a file in any of these):
+    - local directory: written to a temporary file next to the target, fsynced and renamed over it
+      (os.replace) under a lock on `<file>.lock`; the directory is created if needed.
+    - URL on a backend whose mv is a rename (file://, sftp, hdfs, ...): written to a temporary
+      file next to the target, then fs.mv; the rename is atomic where the backend's is (POSIX
+      filesystems, NFS within one export). No lock: the temporary names are unique.
+    - memory:// and object stores (SINGLE_PUT_PROTOCOLS: s3, gs, abfs, ...): one pipe_file, i.e.
+      one dict assignment (memory) or one PUT (object stores), which those stores make atomic.
+    Concurrent writers of different profiles never touch each other's files. Concurrent writers
+    of the same profile end with one whole file: the last rename or PUT wins.
+    A failed or interrupted write (an exception, Ctrl-C) leaves the old file and removes its
+    temporary file. A write killed outright (SIGKILL, power loss) cannot clean up: it leaves the
+    old file and at most a `.<name>.<host>.<pid>.<random>.tmp`, which listings ignore and the next
+    save into that directory from the same host removes once that pid is gone.
     """
     data = profile.to_dict()
     directory = resolve_profiles_dir(profiles_dir)
@@ -78,6 +110,9 @@ def save_profile(
         raise ProfileError(
             f"refusing to write device profile {path}: it does not convert to JSON ({error})"
         ) from error
+    if isinstance(path, ProfileURL):
+        _save_to_url(path, (json.dumps(data, indent=2, allow_nan=False) + "\n").encode("utf-8"))
+        return path
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -87,6 +122,7 @@ def save_profile(
     lock_path = Path(f"{path}.lock")
     try:
         with filelock.FileLock(str(lock_path), timeout=lock_timeout_seconds):
+            _remove_stranded_local_temp_files(directory)
             _write_atomically(path, data)
     except filelock.Timeout as error:
         raise ProfileError(
@@ -104,15 +140,18 @@ def load_profile(
     device_fingerprint: str | None = None,
     model_key: str | None = None,
 ) -> DeviceProfile:
-    """Load a profile: from a file path, or by (device_fingerprint, model_key) from a directory.
+    """Load a profile: from a file path or URL, or by (device_fingerprint, model_key) from a directory.
 
-    With both keywords, `path_or_dir` is the directory (None: resolve_profiles_dir()). Without them,
-    it must be a profile file. A missing, unreadable, non-JSON or invalid file is a ProfileError.
+    With both keywords, `path_or_dir` is the directory or directory URL (None: resolve_profiles_dir()).
+    Without them, it must be a profile file or file URL. A missing, unreadable, non-JSON or invalid
+    file is a ProfileError; an unreachable URL too.
     """
     if device_fingerprint is None and model_key is None:
         if path_or_dir is None:
             raise UsageError("load_profile needs a profile file, or device_fingerprint and model_key to look one up")
-        path = Path(path_or_dir).expanduser()
+        path = as_location(path_or_dir)
+        if isinstance(path, ProfileURL):
+            return _load_url_file(path)
         if path.is_dir():
             raise UsageError(
                 f"{path} is a directory: give a profile file, or device_fingerprint and model_key to look one up in it"
@@ -125,44 +164,113 @@ def load_profile(
             f"looking up a profile needs both device_fingerprint and model_key, "
             f"got device_fingerprint={device_fingerprint!r}, model_key={model_key!r}"
         )
-    path = profile_path(path_or_dir, device_fingerprint, model_key)
-    if not path.exists():
+    profile = find_profile(path_or_dir, device_fingerprint, model_key)
+    if profile is None:
         raise ProfileError(
             f"no device profile for device {device_fingerprint} and model {model_key} "
-            f"(looked for {path}): {_CREATE_HINT}"
+            f"(looked for {profile_path(path_or_dir, device_fingerprint, model_key)}): {_CREATE_HINT}"
         )
-    return _read_matching_profile(path, device_fingerprint, model_key)
+    return profile
 
 
 def find_profile(profiles_dir: str | Path | None, device_fingerprint: str, model_key: str) -> DeviceProfile | None:
     """The profile of (device_fingerprint, model_key), or None if there is none; a corrupt one raises."""
     path = profile_path(profiles_dir, device_fingerprint, model_key)
-    if not path.exists():
+    if isinstance(path, ProfileURL):
+        profile = _read_url_profile(path)  # one request: no exists() before the read
+        if profile is None:
+            return None
+    elif not path.exists():
         return None
-    return _read_matching_profile(path, device_fingerprint, model_key)
+    else:
+        profile = _read_profile(path)
+    # A file copied or renamed by hand would otherwise hand one device's batch size to another.
+    if profile.device_fingerprint != device_fingerprint or profile.model_key != model_key:
+        raise ProfileError(_misnamed_message(path, profile))
+    return profile
 
 
-def list_profiles(profiles_dir: str | Path | None = None) -> list[tuple[Path, DeviceProfile | ProfileError]]:
-    """Every `*.json` in the directory, sorted by name, with its profile or the ProfileError it gives.
+def list_profiles(
+    profiles_dir: str | Path | None = None, *, recursive: bool = False
+) -> list[tuple[ProfileLocation, DeviceProfile | ProfileError]]:
+    """Every `*.json` in the directory (or URL), sorted, with its profile or the ProfileError it gives.
 
+    With recursive=True, subdirectories too (a fleet writes `<dir>/nodes/<node>/<name>.json`).
     A file whose name does not match what it holds is reported too: a lookup would never find it.
-    A missing directory has no profiles.
+    Lock files and temporary files are not profiles and are skipped. A missing directory has no
+    profiles; an unreachable URL is a ProfileError.
     """
-    directory = resolve_profiles_dir(profiles_dir)
-    if not directory.is_dir():
-        return []
-    results: list[tuple[Path, DeviceProfile | ProfileError]] = []
-    for path in sorted(directory.glob("*.json")):
-        if not path.is_file():
-            continue
+    location = resolve_profiles_dir(profiles_dir)
+    if isinstance(location, ProfileURL):
+        candidates, read = _url_profile_files(location, recursive), _read_listed_url_profile
+    else:
+        candidates, read = _local_profile_files(location, recursive), _read_profile
+    results: list[tuple[ProfileLocation, DeviceProfile | ProfileError]] = []
+    for path in candidates:
         try:
-            profile = _read_profile(path)
+            profile = read(path)
             if profile.path_name != path.name:
                 raise ProfileError(_misnamed_message(path, profile))
             results.append((path, profile))
         except ProfileError as error:
             results.append((path, error))
     return results
+
+
+def _local_profile_files(directory: Path, recursive: bool) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    found = directory.rglob("*.json") if recursive else directory.glob("*.json")
+    return sorted(path for path in found if path.is_file())
+
+
+def _url_profile_files(url: ProfileURL, recursive: bool) -> list[ProfileURL]:
+    """The `*.json` files under `url` (one level, or all with recursive), as URLs that start with `url`."""
+    fs, base = open_url(url)
+    with remote_errors(url, "list profiles in"):
+        try:
+            if recursive:
+                paths = fs.find(base)
+            else:
+                paths = [entry["name"] for entry in fs.ls(base, detail=True) if entry.get("type") == "file"]
+        except FileNotFoundError:
+            return []
+    base = base.rstrip("/")
+    relative = sorted(path[len(base):].lstrip("/") for path in paths if path.startswith(base))
+    return [url / name for name in relative if name.endswith(".json")]
+
+
+def _load_url_file(url: ProfileURL) -> DeviceProfile:
+    profile = _read_url_profile(url)
+    if profile is not None:
+        return profile
+    if url.is_dir():
+        raise UsageError(
+            f"{url} is a directory: give a profile file, or device_fingerprint and model_key to look one up in it"
+        )
+    raise ProfileError(f"device profile {url} does not exist: {_CREATE_HINT}")
+
+
+def _read_listed_url_profile(url: ProfileURL) -> DeviceProfile:
+    profile = _read_url_profile(url)
+    if profile is None:
+        raise ProfileError(f"device profile {url} was removed while the profiles were being listed")
+    return profile
+
+
+def _read_url_profile(url: ProfileURL) -> DeviceProfile | None:
+    """The profile at `url`, or None if there is no file there."""
+    fs, path = open_url(url)
+    with remote_errors(url, "read device profile"):
+        try:
+            raw = fs.cat_file(path)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ProfileError(f"device profile {url} is not UTF-8 text (byte {error.start}); {REPROBE_FIX}") from error
+    return _parse_profile(text, url)
 
 
 def _read_profile(path: Path) -> DeviceProfile:
@@ -172,27 +280,23 @@ def _read_profile(path: Path) -> DeviceProfile:
         raise ProfileError(f"device profile {path} is not UTF-8 text (byte {error.start}); {REPROBE_FIX}") from error
     except OSError as error:
         raise ProfileError(f"cannot read device profile {path}: {error.strerror or error}") from error
+    return _parse_profile(text, path)
+
+
+def _parse_profile(text: str, where: ProfileLocation) -> DeviceProfile:
     try:
         data = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as error:
         raise ProfileError(
-            f"device profile {path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); "
+            f"device profile {where} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg}); "
             f"{REPROBE_FIX}"
         ) from error
     except ValueError as error:  # NaN / Infinity, which Python's json accepts and JSON does not
-        raise ProfileError(f"device profile {path} is not valid JSON ({error}); {REPROBE_FIX}") from error
-    return DeviceProfile.from_dict(data, source=str(path))
+        raise ProfileError(f"device profile {where} is not valid JSON ({error}); {REPROBE_FIX}") from error
+    return DeviceProfile.from_dict(data, source=str(where))
 
 
-def _read_matching_profile(path: Path, device_fingerprint: str, model_key: str) -> DeviceProfile:
-    profile = _read_profile(path)
-    # A file copied or renamed by hand would otherwise hand one device's batch size to another.
-    if profile.device_fingerprint != device_fingerprint or profile.model_key != model_key:
-        raise ProfileError(_misnamed_message(path, profile))
-    return profile
-
-
-def _misnamed_message(path: Path, profile: DeviceProfile) -> str:
+def _misnamed_message(path: ProfileLocation, profile: DeviceProfile) -> str:
     return (
         f"device profile {path} holds the profile of device {profile.device_fingerprint} and model "
         f"{profile.model_key}, which belongs in {profile.path_name}: rename it to that or delete it"
@@ -211,7 +315,9 @@ def _write_atomically(path: Path, data: dict) -> None:
         mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
         mode = 0o644
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # Named like _temp_name's (mkstemp adds the random part), so a stranded one can be swept.
+    prefix = f".{path.name}.{_writer_label()}.{os.getpid()}."
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     replaced = False
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -245,3 +351,133 @@ def _fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(dir_fd)
+
+
+def _save_to_url(url: ProfileURL, data: bytes) -> None:
+    """Write `data` to `url` in the one step its backend makes atomic (see save_profile)."""
+    fs, path = open_url(url)
+    if _single_put_is_atomic(fs):
+        with remote_errors(url, "write device profile"):
+            fs.pipe_file(path, data)
+        return
+    directory = fs._parent(path)
+    with remote_errors(url.parent, "create profile directory"):
+        fs.makedirs(directory, exist_ok=True)
+    _remove_stranded_remote_temp_files(fs, directory)
+    _write_then_move(fs, url, path, f"{directory.rstrip('/')}/{_temp_name(url.name)}", data)
+
+
+def _single_put_is_atomic(fs) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return any(protocol in SINGLE_PUT_PROTOCOLS for protocol in protocols)
+
+
+def _write_then_move(fs, url: ProfileURL, path: str, temp_path: str, data: bytes) -> None:
+    """Write `data` to `temp_path`, then fs.mv it onto `path`; on any exit without the move, remove the temp."""
+    moved = False
+    try:
+        with remote_errors(url, "write device profile"):
+            with fs.open(temp_path, "wb") as handle:
+                handle.write(data)
+                _flush_to_storage(handle)
+            fs.mv(temp_path, path)
+        moved = True
+        if _is_local(fs):
+            _fsync_directory(Path(path).parent)
+    finally:
+        # BaseException included (KeyboardInterrupt mid-write): never leave a temporary file.
+        if not moved:
+            _remove_quietly(fs, temp_path)
+
+
+def _flush_to_storage(handle) -> None:
+    """Flush and fsync when the backend's file has a descriptor (local files); others persist on close."""
+    handle.flush()
+    try:
+        os.fsync(handle.fileno())
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both OSError and ValueError
+        pass
+
+
+def _is_local(fs) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "file" in protocols or "local" in protocols
+
+
+def _remove_quietly(fs, path: str) -> None:
+    try:
+        fs.rm_file(path)
+    except Exception:  # noqa: BLE001, S110 - already gone, or the store is unreachable: the original error matters more
+        pass
+
+
+@functools.cache
+def _writer_label() -> str:
+    """`<hostname>-<8 hex>`: the hex digests this kernel's boot id and this process's pid namespace.
+
+    Two writers with the same label see the same process ids, so one can tell whether the other's
+    pid still runs. Edge devices often share a hostname (every `raspberrypi`), and containers on one
+    host share a kernel but not pids; the boot id and namespace keep those apart. Where neither can
+    be read (not Linux), the label is the hostname alone.
+    """
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
+    identity = []
+    with contextlib.suppress(OSError):
+        identity.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+    with contextlib.suppress(OSError):
+        identity.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    if not identity:
+        return host
+    return f"{host}-{hashlib.sha256('/'.join(identity).encode()).hexdigest()[:8]}"
+
+
+def _temp_name(target_name: str) -> str:
+    return f".{target_name}.{_writer_label()}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp"
+
+
+def _is_stranded_temp_file(name: str) -> bool:
+    """True for a temporary profile file written by a process that no longer exists.
+
+    Only files with this process's writer label count (same kernel boot, same pid namespace): of
+    any other the pid says nothing here, and it may still be being written.
+    """
+    match = _TEMP_NAME_RE.match(name)
+    if match is None or match["writer"] != _writer_label():
+        return False
+    return not _process_exists(int(match["pid"]))
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether `pid` runs on this host; when that cannot be told (not POSIX), assume it does."""
+    if pid == os.getpid() or os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, as another user
+        return True
+    return True
+
+
+def _remove_stranded_local_temp_files(directory: Path) -> None:
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if _is_stranded_temp_file(name):
+            try:
+                os.unlink(directory / name)
+            except OSError:
+                pass
+
+
+def _remove_stranded_remote_temp_files(fs, directory: str) -> None:
+    try:
+        paths = fs.ls(directory, detail=False)
+    except Exception:  # noqa: BLE001 - best effort: the write itself will report an unreachable store
+        return
+    for path in paths:
+        if _is_stranded_temp_file(path.rstrip("/").rsplit("/", 1)[-1]):
+            _remove_quietly(fs, path)
