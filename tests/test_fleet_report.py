@@ -340,3 +340,24 @@ def test_running_tensorflow_is_read_without_importing_it():
             "print(v.tensorflow is not None, 'tensorflow' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["True", "False"]
+
+
+def test_profiles_at_urls(tmp_path):
+    import uuid
+
+    import fsspec
+
+    root = f"memory://fleet-report-{uuid.uuid4().hex}"
+    try:
+        saved = save_profile(make_profile(), f"{root}/nodes/node-a")
+        save_profile(make_profile(max_batch=90, safe_batch=80), f"{root}/nodes/node-b")
+        entries, invalid = collect([root, str(saved), f"{root}-missing"])
+        report = analyse(entries, invalid, now=NOW, running=RUNNING)
+        # The host is the directory a fleet probe wrote the node's files into.
+        assert sorted(row.host for row in report.rows) == ["node-a", "node-a", "node-b"]
+        assert all(row.source.startswith(root) for row in report.rows)
+        assert report.count(DUPLICATE) == 2 and report.count(OUTLIER) == 3
+        (missing,) = invalid
+        assert missing.source == f"{root}-missing" and "no profile files" in missing.error
+    finally:
+        fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)

@@ -27,9 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit
 
 from edgebatch.errors import EdgebatchError
 from edgebatch.profiles.fingerprint import tf_major_minor
@@ -252,61 +250,44 @@ def collect(
 ) -> tuple[list[ProfileEntry], list[InvalidFile]]:
     """Read every profile under `locations`: profile files, directories (recursively) or fsspec URLs.
 
-    Returns (source, profile) for each readable profile and an InvalidFile for each file that is
-    not one (corrupt, invalid, misnamed) and for each location that does not exist or cannot be
-    listed; an unreadable location never stops the others. `on_location(location, profiles,
-    invalid)` is called after each location is read (for progress lines).
+    A URL whose last component ends in `.json` is read as one profile file, any other URL as a
+    directory. Returns (source, profile) for each readable profile and an InvalidFile for each
+    file that is not one (corrupt, invalid, misnamed, of another schema version) and for each
+    location that does not exist or cannot be reached; one bad location never stops the others.
+    `on_location(location, profiles, invalid)` is called after each location is read (for progress lines).
     """
-    from edgebatch.profiles.store import load_profile
+    from edgebatch.profiles.location import ProfileURL, as_location
+    from edgebatch.profiles.store import list_profiles, load_profile
 
     entries: list[ProfileEntry] = []
     invalid: list[InvalidFile] = []
-    for location in locations:
+    for text in locations:
         found_before, invalid_before = len(entries), len(invalid)
         try:
-            if _is_url(location):
-                listed = _list_recursive(location)
+            location = as_location(text)
+            if isinstance(location, ProfileURL) and location.name.endswith(".json"):
+                listed = [(location, load_profile(location))]
+            elif isinstance(location, ProfileURL) or location.is_dir():
+                listed = list_profiles(location, recursive=True)
+                if not listed and isinstance(location, ProfileURL):
+                    # An object store cannot tell an empty prefix from a missing one; say both.
+                    invalid.append(InvalidFile(text, f"{text} holds no profile files (or does not exist)"))
+            elif location.is_file():
+                listed = [(location, load_profile(location))]
             else:
-                path = Path(location).expanduser()
-                if path.is_file():
-                    listed = [(path, load_profile(path))]
-                elif path.is_dir():
-                    listed = _list_recursive(path)
-                else:
-                    listed = []
-                    invalid.append(InvalidFile(location, f"{location} does not exist"))
+                listed = []
+                invalid.append(InvalidFile(text, f"{text} does not exist"))
         except EdgebatchError as error:
             listed = []
-            invalid.append(InvalidFile(location, _one_line(str(error))))
+            invalid.append(InvalidFile(text, _one_line(str(error))))
         for source, item in listed:
             if isinstance(item, Exception):
                 invalid.append(InvalidFile(str(source), _one_line(str(item))))
             else:
                 entries.append((str(source), item))
         if on_location is not None:
-            on_location(location, len(entries) - found_before, len(invalid) - invalid_before)
+            on_location(text, len(entries) - found_before, len(invalid) - invalid_before)
     return entries, invalid
-
-
-def _list_recursive(location):
-    import inspect
-
-    from edgebatch.profiles import store
-
-    if "recursive" in inspect.signature(store.list_profiles).parameters:
-        return store.list_profiles(location, recursive=True)
-    # TEMPORARY, until store.list_profiles(recursive=, URLs) lands: walk local directories here.
-    if _is_url(str(location)):
-        raise EdgebatchError(f"{location}: reading profiles from URLs needs a newer edgebatch")
-    root = Path(location)
-    directories = sorted({root} | {p.parent for p in root.rglob("*.json")})
-    return [item for directory in directories for item in store.list_profiles(directory)]
-
-
-def _is_url(location: str) -> bool:
-    scheme = urlsplit(location).scheme
-    # "C:\\x" parses with scheme "c": a one-letter scheme is a Windows drive, not a protocol.
-    return "://" in location and len(scheme) > 1
 
 
 def _one_line(text: str) -> str:
@@ -410,9 +391,9 @@ def parse_created_at(created_at: str) -> datetime:
 
 
 def _parent_name(source: str) -> str:
-    if _is_url(source):
-        return PurePosixPath(urlsplit(source).path).parent.name or urlsplit(source).netloc
-    return Path(source).parent.name or "."
+    from edgebatch.profiles.location import as_location
+
+    return as_location(source).parent.name or "."
 
 
 def _with_flags(row: ProfileRow, flags: tuple[Flag, ...]) -> ProfileRow:
