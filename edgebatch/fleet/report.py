@@ -186,7 +186,7 @@ class ProfileRow:
 
 @dataclass(frozen=True)
 class DuplicateGroup:
-    """Profiles of one (fingerprint, model key, host) found more than once; `identical` if byte-for-byte the same data."""
+    """Profiles of one (fingerprint, model key, host) found more than once; `identical` if all hold the same data."""
 
     device_fingerprint: str
     model_key: str
