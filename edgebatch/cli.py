@@ -194,12 +194,10 @@ def profile_plot(path, output):
 @_handle_errors
 def profile_validate(paths):
     """Validate profile files (default: every profile in the profiles directory). Exit 1 if any is invalid."""
-    from pathlib import Path
-
     from edgebatch.profiles import list_profiles, load_profile, resolve_profiles_dir
 
     entries = []
-    targets = [Path(p) for p in paths] or [resolve_profiles_dir(None)]
+    targets = [resolve_profiles_dir(p) for p in paths] or [resolve_profiles_dir(None)]  # URLs stay whole
     for target in targets:
         if target.is_dir():
             entries.extend(list_profiles(target))

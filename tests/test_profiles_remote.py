@@ -262,6 +262,10 @@ def test_cli_lists_a_url_and_reports_a_bad_one_in_one_line(memory_url):
     shown = runner.invoke(main, ["profile", "show", f"{memory_url}/{profile.path_name}", "--json"])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.output)["max_batch"] == profile.max_batch
+    for target in (memory_url, f"{memory_url}/{profile.path_name}"):
+        validated = runner.invoke(main, ["profile", "validate", target])
+        assert validated.exit_code == 0, validated.output
+        assert validated.output == f"{memory_url}/{profile.path_name}: ok\n"
     bad = runner.invoke(main, ["profile", "list", "--profiles-dir", "nosuchfs://b/x"])
     assert bad.exit_code == 2
     assert "Traceback" not in bad.output
