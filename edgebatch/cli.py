@@ -12,16 +12,8 @@ import click
 
 from edgebatch.cli_errors import handle_errors as _handle_errors
 from edgebatch.errors import EdgebatchError
-from edgebatch.probing.api import ProbeRequest
-from edgebatch.probing.search import STRATEGIES
+from edgebatch.cli_probe_options import search_options
 from edgebatch.units import format_bytes
-from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZERS, PRECISIONS
-
-
-
-
-# Every probe option's default has one owner, ProbeRequest; the options below only show it.
-_DEFAULTS = ProbeRequest()
 
 
 def _echo_err(message: str) -> None:
@@ -37,37 +29,14 @@ def main() -> None:
     edgebatch devices                 what memory and accelerators this machine has
     edgebatch probe                   find the largest safe batch (MobileNetV2 by default)
     edgebatch profile list            the cached device profiles
+    edgebatch supervise -- CMD        restart a training command after a hard failure
+    edgebatch fleet --help            profile, compare and plan a cluster's devices
     """
 
 
 @main.command()
-@click.option("--model", "model_spec", default=_DEFAULTS.model, show_default=True, metavar="SPEC",
-              help="Built-in model (" + ", ".join(sorted(BUILTIN_MODELS)) + "), FILE.py:FUNCTION returning an "
-                   "uncompiled Keras model, or a .keras file.")
-@click.option("--memory-budget", default=None, metavar="SIZE",
-              help="Memory the training process may use, e.g. 1.5GiB, 512MiB, 2GB or bytes (a unit-less figure "
-                   "under 1 MiB is refused). Default: on CPU the smaller of available RAM and the cgroup room; on "
-                   "GPU NVML's free memory.")
-@click.option("--allow-overcommit", is_flag=True,
-              help="Accept a --memory-budget above what the device can give now (trials may swap or be killed).")
+@search_options()
 @click.option("--device", default=None, metavar="CPU:0|GPU:N", help="Device to probe. Default: GPU:0 if NVML sees one, else CPU:0.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default=_DEFAULTS.precision, show_default=True, help="Keras dtype policy.")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=_DEFAULTS.optimizer, show_default=True,
-              help="Optimizer whose state the probe includes in memory.")
-@click.option("--start", type=click.IntRange(min=1), default=_DEFAULTS.start, show_default=True, help="First batch size tried.")
-@click.option("--max-batch-limit", "--max-batch", "max_batch_limit", type=click.IntRange(min=1),
-              default=_DEFAULTS.max_batch_limit, show_default=True,
-              help="Never try a batch above this (--max-batch is an older name for it).")
-@click.option("--multiple", type=click.IntRange(min=1), default=_DEFAULTS.multiple, show_default=True,
-              help="Batch sizes are multiples of this (e.g. 8, or the replica count).")
-@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULTS.headroom, show_default=True,
-              help="safe_batch fits budget x (1 - headroom).")
-@click.option("--steps-per-trial", type=click.IntRange(min=1), default=_DEFAULTS.steps_per_trial, show_default=True,
-              help="Timed training steps per trial, after one warm-up step.")
-@click.option("--trial-seconds", type=click.FloatRange(min=0, min_open=True), default=_DEFAULTS.trial_seconds,
-              show_default=True, help="Stop a trial's timed steps after this long (at least one step runs).")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default=_DEFAULTS.strategy, show_default=True,
-              help="Search strategy; the others are the peers' finders, kept as baselines (BENCHMARKS.md).")
 @click.option("--profiles-dir", default=None, metavar="DIR",
               help="Where profiles live. Default: $EDGEBATCH_PROFILES, else ./device_profiles.")
 @click.option("--force", is_flag=True,
@@ -213,9 +182,11 @@ def profile_validate(paths):
         raise EdgebatchError(f"{len(bad)} of {len(entries)} profiles are invalid")
 
 
+from edgebatch.cli_fleet import fleet  # noqa: E402  (subcommands import lazily: see its docstring)
 from edgebatch.cli_supervise import supervise  # noqa: E402  (a module of its own: see its docstring)
 
 main.add_command(supervise)
+main.add_command(fleet)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,11 @@ class DeviceFacts:
         )
 
 
+# The budget a shell or a cluster node sets for every probe it runs (`EDGEBATCH_MEMORY_BUDGET=6GiB ray start ...`);
+# an explicit --memory-budget wins over it.
+MEMORY_BUDGET_ENV = "EDGEBATCH_MEMORY_BUDGET"
+
+
 def parse_device(device: str) -> tuple[str, int]:
     """'CPU:0' -> ('CPU', 0); 'gpu:1' -> ('GPU', 1)."""
     kind, _, index = device.strip().upper().partition(":")

@@ -1,0 +1,67 @@
+"""The options that say what a probe searches for, shared by `edgebatch probe` and `edgebatch fleet probe`.
+
+Every default has one owner, ProbeRequest; the options only show it. Each keyword these options
+produce is named exactly as edgebatch.probe's keyword argument.
+"""
+
+from __future__ import annotations
+
+import click
+
+from edgebatch.probing.api import ProbeRequest
+from edgebatch.probing.budget import MEMORY_BUDGET_ENV
+from edgebatch.probing.search import STRATEGIES
+from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZERS, PRECISIONS
+
+_DEFAULTS = ProbeRequest()
+
+_BUDGET_HELP = (
+    "Memory the training process may use, e.g. 1.5GiB, 512MiB, 2GB or bytes (a unit-less figure under 1 MiB "
+    "is refused). Default: ${env}, else on CPU the smaller of available RAM and the cgroup room, on GPU NVML's "
+    "free memory."
+)
+
+
+def search_options(*, budget_help: str | None = None, budget_envvar: str | None = MEMORY_BUDGET_ENV):
+    """A decorator adding the model, budget and search options to a click command.
+
+    `budget_envvar` is the variable --memory-budget falls back to (None: none, as in a fleet probe,
+    where each node reads its own).
+    """
+    options = [
+        click.option("--model", "model_spec", default=_DEFAULTS.model, show_default=True, metavar="SPEC",
+                     help="Built-in model (" + ", ".join(sorted(BUILTIN_MODELS)) + "), FILE.py:FUNCTION returning "
+                          "an uncompiled Keras model, or a .keras file."),
+        click.option("--memory-budget", default=None, metavar="SIZE", envvar=budget_envvar,
+                     help=budget_help or _BUDGET_HELP.format(env=budget_envvar)),
+        click.option("--allow-overcommit", is_flag=True,
+                     help="Accept a --memory-budget above what the device can give now (trials may swap or be "
+                          "killed)."),
+        click.option("--precision", type=click.Choice(PRECISIONS), default=_DEFAULTS.precision, show_default=True,
+                     help="Keras dtype policy."),
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=_DEFAULTS.optimizer, show_default=True,
+                     help="Optimizer whose state the probe includes in memory."),
+        click.option("--start", type=click.IntRange(min=1), default=_DEFAULTS.start, show_default=True,
+                     help="First batch size tried."),
+        click.option("--max-batch-limit", "--max-batch", "max_batch_limit", type=click.IntRange(min=1),
+                     default=_DEFAULTS.max_batch_limit, show_default=True,
+                     help="Never try a batch above this (--max-batch is an older name for it)."),
+        click.option("--multiple", type=click.IntRange(min=1), default=_DEFAULTS.multiple, show_default=True,
+                     help="Batch sizes are multiples of this (e.g. 8, or the replica count)."),
+        click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULTS.headroom,
+                     show_default=True, help="safe_batch fits budget x (1 - headroom)."),
+        click.option("--steps-per-trial", type=click.IntRange(min=1), default=_DEFAULTS.steps_per_trial,
+                     show_default=True, help="Timed training steps per trial, after one warm-up step."),
+        click.option("--trial-seconds", type=click.FloatRange(min=0, min_open=True),
+                     default=_DEFAULTS.trial_seconds, show_default=True,
+                     help="Stop a trial's timed steps after this long (at least one step runs)."),
+        click.option("--strategy", type=click.Choice(STRATEGIES), default=_DEFAULTS.strategy, show_default=True,
+                     help="Search strategy; the others are the peers' finders, kept as baselines (BENCHMARKS.md)."),
+    ]
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate

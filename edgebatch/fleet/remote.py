@@ -1,0 +1,80 @@
+"""What runs on each node of a fleet probe: probe its devices one after another, send progress home.
+
+This function is shipped to a node as a Ray task (cluster.py wraps it); it imports nothing from Ray
+itself, so it is plain Python that a test could call directly. It does not save anything: the
+profiles travel back to the driver, which writes them where the operator asked (a node may have no
+access to that directory, and one writer keeps the collection in one place).
+
+The node's own budget: a node whose environment sets EDGEBATCH_MEMORY_BUDGET (for example
+`EDGEBATCH_MEMORY_BUDGET=6GiB ray start ...`) probes under it unless the fleet probe was given
+`--memory-budget`, which applies to every node; the same precedence as `edgebatch probe`, whose
+`--memory-budget` also reads that variable.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from edgebatch.probing.budget import MEMORY_BUDGET_ENV
+
+
+def node_budget(explicit: str | int | None) -> tuple[str | int | None, str]:
+    """The budget this node probes under, and where it came from (for the progress line)."""
+    if explicit is not None:
+        return explicit, "--memory-budget"
+    from_env = os.environ.get(MEMORY_BUDGET_ENV, "").strip()
+    if from_env:
+        return from_env, f"${MEMORY_BUDGET_ENV} on the node"
+    return None, "the device default"
+
+
+def probe_devices(
+    model_spec: str,
+    devices: tuple[str, ...],
+    options: dict,
+    send: Callable[[str, str], None],
+) -> list[dict]:
+    """Probe each device in turn; one result dict per device, never an exception for a failed probe.
+
+    `options` are edgebatch.probe's keyword options (memory_budget, precision, ...) minus device.
+    `send(device, line)` carries a progress line to the driver. A result is
+    {"device", "ok", "seconds", "profile" (a profile dict, with the node's hostname added under
+    device.host)} or {"device", "ok": False, "seconds", "error": one line}.
+    """
+    from edgebatch.errors import EdgebatchError
+    from edgebatch.probing import probe
+
+    budget, budget_source = node_budget(options.get("memory_budget"))
+    options = {**options, "memory_budget": budget}
+    hostname = socket.gethostname()
+    results = []
+    for device in devices:
+        started = time.monotonic()
+        send(device, f"probing {model_spec} on {hostname} {device}, budget from {budget_source}")
+        try:
+            profile = probe(
+                model_spec,
+                device=device,
+                save=False,
+                force=True,
+                progress=lambda line, device=device: send(device, line),
+                **options,
+            )
+        except EdgebatchError as error:
+            results.append(_failure(device, started, str(error)))
+            continue
+        except Exception as error:  # a bug or an environment problem on one node must not hide the others
+            results.append(_failure(device, started, f"{type(error).__name__}: {error}"))
+            continue
+        data = profile.to_dict()
+        data["device"] = {**data["device"], "host": hostname}
+        results.append({"device": device, "ok": True, "seconds": time.monotonic() - started, "profile": data})
+    return results
+
+
+def _failure(device: str, started: float, message: str) -> dict:
+    first_line = message.strip().splitlines()[0] if message.strip() else "failed without a message"
+    return {"device": device, "ok": False, "seconds": time.monotonic() - started, "error": first_line}

@@ -1,0 +1,209 @@
+"""`edgebatch fleet probe` on a real local Ray cluster, and the pure pieces it stands on.
+
+The cluster tests start Ray nodes on this machine with ray.cluster_utils.Cluster (no mocks of
+Ray): each node gets its own EDGEBATCH_MEMORY_BUDGET in its environment, so their probes answer
+differently, and one node gets a budget below what a TensorFlow worker holds, so it fails while
+the others land. The model is tests/models/dense_wide.py (~2.3 MiB per sample over a ~700 MiB
+worker): under 1 GiB it answered 133 here, under 1.25 GiB 255, so the two ceilings sit far apart
+compared with the 1-2% that peaks move between processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgebatch.errors import UsageError
+from edgebatch.fleet.cluster import address_problem, node_directory
+from edgebatch.fleet.nodes import DeviceResult, format_results, node_label, targets_from_ray_nodes
+from edgebatch.fleet.remote import node_budget
+from edgebatch.profiles import load_profile
+
+HERE = Path(__file__).parent
+DENSE_WIDE = f"{HERE / 'models' / 'dense_wide.py'}:build"
+
+
+def ray_node(node_id, alive=True, cpus=1.0, gpus=0, host="box", address="10.0.0.5"):
+    resources = {"CPU": cpus, "memory": 1e9}
+    if gpus:
+        resources["GPU"] = float(gpus)
+    return {"NodeID": node_id, "Alive": alive, "NodeManagerAddress": address, "NodeManagerHostname": host,
+            "Resources": resources}
+
+
+# ---- pure pieces ----------------------------------------------------------------------------
+
+def test_one_target_per_alive_node_with_each_gpu_or_the_cpu():
+    targets = targets_from_ray_nodes([
+        ray_node("bbbbbbbb1111", host="gpu-box", gpus=2),
+        ray_node("aaaaaaaa2222", host="cpu-box"),
+        ray_node("cccccccc3333", host="gone", alive=False),
+    ])
+    assert [t.label for t in targets] == ["cpu-box-aaaaaaaa", "gpu-box-bbbbbbbb"]
+    assert targets[0].devices == ("CPU:0",)
+    assert targets[1].devices == ("GPU:0", "GPU:1")
+    assert targets[1].gpus == 2 and targets[0].cpus == 1.0
+
+
+def test_node_labels_are_directory_safe_and_keep_two_nodes_of_one_host_apart():
+    assert node_label("10.0.0.5", "ABCDEF0123456789", "Node_1.Example.COM") == "node-1.example.com-abcdef01"
+    assert node_label("10.0.0.5", "0123456789", None) == "10.0.0.5-01234567"
+    assert node_label("", "../../etc", "../..") == "node-etc"
+    assert node_label("h", "11111111aaaa", "h") != node_label("h", "22222222aaaa", "h")
+
+
+def test_results_table_shows_each_error_in_its_row():
+    table = format_results([
+        DeviceResult(label="b-2", device="CPU:0", ok=False, error="budget below baseline", seconds=3.0),
+        DeviceResult(label="a-1", device="CPU:0", ok=True, max_batch=133, safe_batch=85, seconds=40.0,
+                     profile_location="/p/nodes/a-1/x.json"),
+    ])
+    rows = table.splitlines()
+    assert rows[1].startswith("a-1") and "133" in rows[1] and "saved /p/nodes/a-1/x.json" in rows[1]
+    assert rows[2].startswith("b-2") and "FAILED: budget below baseline" in rows[2]
+    assert rows[-1] == "1 of 2 device probes saved a profile; 1 failed (see the result column)"
+
+
+def test_node_budget_precedence(monkeypatch):
+    monkeypatch.delenv("EDGEBATCH_MEMORY_BUDGET", raising=False)
+    assert node_budget(None) == (None, "the device default")
+    monkeypatch.setenv("EDGEBATCH_MEMORY_BUDGET", "6GiB")
+    assert node_budget(None) == ("6GiB", "$EDGEBATCH_MEMORY_BUDGET on the node")
+    assert node_budget("2GiB") == ("2GiB", "--memory-budget")
+
+
+def test_node_directories_for_paths_and_urls(tmp_path):
+    assert node_directory(tmp_path, "a-1") == tmp_path / "nodes" / "a-1"
+    assert str(node_directory("memory://fleet/", "a-1")) == "memory://fleet/nodes/a-1"
+
+
+def test_addresses_are_checked_before_ray_waits_on_them():
+    assert address_problem("auto") is None and address_problem("local") is None
+    with pytest.raises(UsageError, match="not HOST:PORT"):
+        address_problem("headnode")
+    # Port 1 on this host: nothing listens (ray.init would retry here for minutes).
+    assert "nothing answers at 127.0.0.1:1" in address_problem("127.0.0.1:1", timeout_seconds=2)
+    assert "nothing answers at ray://127.0.0.1:1" in address_problem("ray://127.0.0.1:1", timeout_seconds=2)
+
+
+def test_cli_says_in_one_line_when_no_cluster_is_there(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "edgebatch", "fleet", "probe", "--address", "127.0.0.1:1", "--model", "mlp",
+         "--profiles-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("Error: nothing answers at 127.0.0.1:1")
+    assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- a real local Ray cluster ---------------------------------------------------------------
+
+@pytest.fixture
+def cluster():
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    made = Cluster(initialize_head=False)
+    yield made
+    ray.shutdown()
+    made.shutdown()
+
+
+def add_node(cluster, budget):
+    """A one-CPU node (the first one added is the head) whose probes default to `budget`."""
+    return cluster.add_node(num_cpus=1, env_vars={"EDGEBATCH_MEMORY_BUDGET": budget})
+
+
+def label_of(node):
+    return node_label(node.node_ip_address, node.node_id, socket.gethostname())
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fleet_probe_writes_one_profile_per_node_and_reports_the_failing_one(cluster, tmp_path):
+    small = add_node(cluster, "1GiB")
+    large = add_node(cluster, "1.25GiB")
+    broken = add_node(cluster, "100MiB")
+    cluster.wait_for_nodes()
+    collection = tmp_path / "profiles"
+    done = subprocess.run(
+        [sys.executable, "-m", "edgebatch", "fleet", "probe", "--address", cluster.address, "--model", DENSE_WIDE,
+         "--profiles-dir", str(collection), "--json"],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    rows = {row["label"]: row for row in json.loads(done.stdout)}
+    assert set(rows) == {label_of(small), label_of(large), label_of(broken)}
+    assert rows[label_of(broken)]["ok"] is False
+    assert "below what a worker holds" in rows[label_of(broken)]["error"]
+    # Progress streamed from every node, tagged with it.
+    for node in (small, large, broken):
+        assert f"[{label_of(node)} CPU:0] probing" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "Error: 1 of 3 device probes failed (see the table above)"
+
+    profiles = {}
+    for node, budget_bytes in ((small, 1024**3), (large, int(1.25 * 1024**3))):
+        row = rows[label_of(node)]
+        assert row["ok"] is True, row
+        path = Path(row["profile_location"])
+        assert path.parent == collection / "nodes" / label_of(node)
+        profile = load_profile(path)
+        assert profile.budget_bytes == budget_bytes
+        assert profile.device["host"]
+        assert profile.max_batch == row["max_batch"]
+        profiles[node.node_id] = profile
+    assert not (collection / "nodes" / label_of(broken)).exists()
+    # 1 GiB answered 133 and 1.25 GiB 255 here; the budgets differ by 256 MiB, ~110 samples.
+    assert profiles[large.node_id].max_batch > profiles[small.node_id].max_batch * 1.4
+
+    report = subprocess.run([sys.executable, "-m", "edgebatch", "fleet", "report", str(collection), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    merged = json.loads(report.stdout)
+    assert sorted(row["max_batch"] for row in merged["rows"]) == sorted(p.max_batch for p in profiles.values())
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_node_that_disappears_mid_probe_is_reported_and_the_other_lands(cluster, tmp_path):
+    from edgebatch.fleet import fleet_probe
+
+    add_node(cluster, "1GiB")
+    doomed = add_node(cluster, "1GiB")
+    cluster.wait_for_nodes()
+    doomed_label = label_of(doomed)
+    lines = []
+
+    def progress(line):
+        lines.append(line)
+        # Once the doomed node's probe is under way (its model is built), take the node away.
+        if line.startswith(f"[{doomed_label} CPU:0] model ") and doomed in cluster.worker_nodes:
+            cluster.remove_node(doomed, allow_graceful=False)
+
+    results = fleet_probe(DENSE_WIDE, address=cluster.address, profiles_dir=tmp_path, progress=progress)
+    by_label = {result.label: result for result in results}
+    assert doomed not in cluster.worker_nodes, "the node was never removed: " + "\n".join(lines[-20:])
+    assert by_label[doomed_label].ok is False
+    assert by_label[doomed_label].error
+    survivors = [result for label, result in by_label.items() if label != doomed_label]
+    assert len(survivors) == 1 and survivors[0].ok, survivors
+    assert load_profile(survivors[0].profile_location).max_batch == survivors[0].max_batch
+
+
+def test_edgebatch_probe_reads_the_budget_variable_a_node_sets(tmp_path):
+    """The variable a fleet node sets is also `edgebatch probe`'s default budget (checked before any trial)."""
+    from click.testing import CliRunner
+
+    from edgebatch.cli import main
+
+    result = CliRunner().invoke(main, ["probe", "--model", "mlp", "--profiles-dir", str(tmp_path)],
+                                env={"EDGEBATCH_MEMORY_BUDGET": "100"})
+    assert result.exit_code == 2
+    assert "memory budget '100' is 100 bytes" in result.output
+    assert list(tmp_path.iterdir()) == []
