@@ -6,6 +6,7 @@ Pure formatting and matplotlib (Agg backend); no TensorFlow. Every figure is sho
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from harness import MIB, Stat, stat_of
@@ -365,7 +366,17 @@ def write_markdown(results: dict, path: Path, plots_dir: Path) -> None:
         if (plots_dir / name).exists():
             lines.append(f"![{name}]({relative}/{name})")
     lines += ["", *results.get("notes", [])]
-    path.write_text("\n".join(lines).rstrip() + "\n")
+    kept = kept_sections(path.read_text() if path.exists() else "")
+    path.write_text("\n".join(lines).rstrip() + "\n" + "".join("\n" + block + "\n" for block in kept))
+
+
+def kept_sections(markdown: str) -> list[str]:
+    """Sections other tools write between `<!-- NAME:start -->` and `<!-- NAME:end -->` markers.
+
+    run.py rewrites the file from results.json; a section that another benchmark owns (for example
+    tools/bench/fleet_plan_bench.py's) is carried over as it stands instead of being dropped.
+    """
+    return [match.group(0) for match in re.finditer(r"<!-- ([\w.-]+):start -->.*?<!-- \1:end -->", markdown, re.S)]
 
 
 def write_plots(results: dict, plots_dir: Path) -> list[str]:
