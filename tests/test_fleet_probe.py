@@ -45,10 +45,20 @@ def test_one_target_per_alive_node_with_each_gpu_or_the_cpu():
         ray_node("aaaaaaaa2222", host="cpu-box"),
         ray_node("cccccccc3333", host="gone", alive=False),
     ])
-    assert [t.label for t in targets] == ["cpu-box-aaaaaaaa", "gpu-box-bbbbbbbb"]
+    assert [t.label for t in targets] == ["cpu-box", "gpu-box"]
     assert targets[0].devices == ("CPU:0",)
     assert targets[1].devices == ("GPU:0", "GPU:1")
     assert targets[1].gpus == 2 and targets[0].cpus == 1.0
+
+
+def test_nodes_sharing_a_hostname_are_told_apart_by_their_ray_id():
+    targets = targets_from_ray_nodes([
+        ray_node("bbbbbbbb1111", host="box"),
+        ray_node("aaaaaaaa2222", host="box"),
+        ray_node("cccccccc3333", host="other"),
+        ray_node("dddddddd4444", host="other", alive=False),
+    ])
+    assert [t.label for t in targets] == ["box-aaaaaaaa", "box-bbbbbbbb", "other"]
 
 
 def test_node_labels_are_directory_safe_and_keep_two_nodes_of_one_host_apart():
@@ -155,7 +165,7 @@ def test_fleet_probe_writes_one_profile_per_node_and_reports_the_failing_one(clu
         assert path.parent == collection / "nodes" / label_of(node)
         profile = load_profile(path)
         assert profile.budget_bytes == budget_bytes
-        assert profile.device["host"]
+        assert profile.device["host"] == label_of(node)
         assert profile.max_batch == row["max_batch"]
         profiles[node.node_id] = profile
     assert not (collection / "nodes" / label_of(broken)).exists()
@@ -166,6 +176,8 @@ def test_fleet_probe_writes_one_profile_per_node_and_reports_the_failing_one(clu
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
     merged = json.loads(report.stdout)
+    # Two Ray nodes on one machine are two devices to the report, not copies of one.
+    assert merged["duplicates"] == [] and merged["outliers"] != []
     assert sorted(row["max_batch"] for row in merged["rows"]) == sorted(p.max_batch for p in profiles.values())
 
 

@@ -159,7 +159,7 @@ def _run_tasks(ray, targets: list[NodeTarget], model_spec: str, options: dict,
             except Exception:  # the driver's queue is gone; the probe's result still travels back
                 pass
 
-        return probe_devices(model_spec, devices, options, send)
+        return probe_devices(model_spec, devices, options, send, node_label=label)
 
     remote_task = ray.remote(node_task)
     pending = {}

@@ -51,33 +51,44 @@ class DeviceResult:
     profile: dict | None = field(default=None, repr=False, compare=False)
 
 
-def node_label(address: str, node_id: str, hostname: str | None = None) -> str:
-    """A directory-safe name for a node: its hostname (or address) and the start of its Ray id.
+def node_label(address: str, node_id: str, hostname: str | None = None, *, with_id: bool = True) -> str:
+    """A directory-safe name for a node: its hostname (or address), and the start of its Ray id if asked.
 
-    The id part keeps two Ray nodes on one host (as in tests, or several raylets on a big box)
-    apart; the hostname part keeps the name readable.
+    The id part keeps two Ray nodes on one host apart (as in tests, or several raylets on one big
+    box); without it the name stays the same across restarts of Ray, so a node's re-probe lands
+    in the same directory.
     """
     base = (hostname or address or "node").lower()
     base = _UNSAFE_LABEL_CHARS.sub("-", base).strip("-.") or "node"
+    if not with_id:
+        return base
     suffix = re.sub(r"[^a-z0-9]+", "", node_id.lower())[:NODE_ID_CHARS_IN_LABEL] or "unknown"
     return f"{base}-{suffix}"
 
 
 def targets_from_ray_nodes(nodes: list[dict]) -> list[NodeTarget]:
-    """One target per alive node of `ray.nodes()`, sorted by label so the table reads the same each run."""
-    targets = []
-    for node in nodes:
-        if not node.get("Alive", node.get("alive", False)):
-            continue
+    """One target per alive node of `ray.nodes()`, sorted by label so the table reads the same each run.
+
+    A node is labelled by its hostname alone when no other alive node shares it, else by hostname
+    and Ray id: the label is what the report and the plan tell devices apart by.
+    """
+    alive = [node for node in nodes if node.get("Alive", node.get("alive", False))]
+    facts = []
+    for node in alive:
         resources = node.get("Resources") or {}
         node_id = str(node.get("NodeID", ""))
         address = str(node.get("NodeManagerAddress", ""))
         hostname = node.get("NodeManagerHostname") or None
+        facts.append((node_id, address, hostname, resources))
+    bases = [node_label(address, node_id, hostname, with_id=False) for node_id, address, hostname, _ in facts]
+    targets = []
+    for (node_id, address, hostname, resources), base in zip(facts, bases):
+        shared = bases.count(base) > 1
         targets.append(
             NodeTarget(
                 node_id=node_id,
                 address=address,
-                label=node_label(address, node_id, hostname),
+                label=node_label(address, node_id, hostname, with_id=shared),
                 cpus=float(resources.get("CPU", 0.0)),
                 gpus=int(resources.get("GPU", 0)),
             )

@@ -36,13 +36,15 @@ def probe_devices(
     devices: tuple[str, ...],
     options: dict,
     send: Callable[[str, str], None],
+    node_label: str | None = None,
 ) -> list[dict]:
     """Probe each device in turn; one result dict per device, never an exception for a failed probe.
 
     `options` are edgebatch.probe's keyword options (memory_budget, precision, ...) minus device.
     `send(device, line)` carries a progress line to the driver. A result is
-    {"device", "ok", "seconds", "profile" (a profile dict, with the node's hostname added under
-    device.host)} or {"device", "ok": False, "seconds", "error": one line}.
+    {"device", "ok", "seconds", "profile" (a profile dict, with `node_label`, else this machine's
+    hostname, added under device.host: what fleet reports and plans tell devices apart by)} or
+    {"device", "ok": False, "seconds", "error": one line}.
     """
     from edgebatch.errors import EdgebatchError
     from edgebatch.probing import probe
@@ -50,6 +52,7 @@ def probe_devices(
     budget, budget_source = node_budget(options.get("memory_budget"))
     options = {**options, "memory_budget": budget}
     hostname = socket.gethostname()
+    host = node_label or hostname
     results = []
     for device in devices:
         started = time.monotonic()
@@ -70,7 +73,7 @@ def probe_devices(
             results.append(_failure(device, started, f"{type(error).__name__}: {error}"))
             continue
         data = profile.to_dict()
-        data["device"] = {**data["device"], "host": hostname}
+        data["device"] = {**data["device"], "host": host}
         results.append({"device": device, "ok": True, "seconds": time.monotonic() - started, "profile": data})
     return results
 
