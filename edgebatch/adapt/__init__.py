@@ -1,0 +1,85 @@
+"""Statistical batch adaptation: how large the effective batch *should* be (issue 13).
+
+The memory governor (edgebatch.governor) bounds how large a micro-batch *can* be; this package
+chooses the effective batch (examples per optimizer update) from training statistics and reaches
+it by gradient accumulation above the memory ceiling, so the two halves compose.
+
+Map:
+- `signals`: numpy-only estimators on flat gradients and losses: the two-batch unbiased estimate
+  of |G|^2 and tr(Sigma) and the gradient noise scale B_simple as a ratio of EMAs (McCandlish et
+  al. 2018), `micro_batch_pair` (an accumulated update's micro-batches give both batch sizes for
+  free), cosine agreement between consecutive updates over a window, a loss-plateau detector and
+  a drift detector on the share of hard examples.
+- `policy`: the pure decision core `decide(config, state, stats, memory_micro_batch_samples) ->
+  (state, AdaptDecision)`: checks every N updates, cooldown after a change, x1.5 / x0.5 bounds,
+  growth capped near the noise scale, micro-batch never above the governor's.
+- `lr_coupling`: learning-rate rules for a changed effective batch (none, linear, sqrt,
+  inverse_sqrt), pure.
+- `scaled_schedule`: `ScaledSchedule`, a Keras LearningRateSchedule x a mutable factor (the only
+  module that imports TensorFlow; not imported here).
+
+Importing this package imports numpy, never TensorFlow. Not wired into `edgebatch.fit` yet.
+"""
+
+from edgebatch.adapt.lr_coupling import LR_RULES, change_factor, default_rule, lr_scale
+from edgebatch.adapt.policy import (
+    AdaptConfig,
+    AdaptConfigError,
+    AdaptDecision,
+    AdaptState,
+    AdaptStats,
+    decide,
+    initial_state,
+    micro_plan,
+)
+from edgebatch.adapt.signals import (
+    AgreementState,
+    DriftState,
+    NoiseScaleState,
+    PlateauState,
+    TwoBatchEstimate,
+    cosine_similarity,
+    drift_detected,
+    is_plateau,
+    mean_agreement,
+    micro_batch_pair,
+    noise_scale_samples,
+    push_agreement,
+    push_loss,
+    squared_norm,
+    two_batch_estimate,
+    update_drift,
+    update_noise_scale,
+)
+
+__all__ = [
+    "LR_RULES",
+    "AdaptConfig",
+    "AdaptConfigError",
+    "AdaptDecision",
+    "AdaptState",
+    "AdaptStats",
+    "AgreementState",
+    "DriftState",
+    "NoiseScaleState",
+    "PlateauState",
+    "TwoBatchEstimate",
+    "change_factor",
+    "cosine_similarity",
+    "decide",
+    "default_rule",
+    "drift_detected",
+    "initial_state",
+    "is_plateau",
+    "lr_scale",
+    "mean_agreement",
+    "micro_batch_pair",
+    "micro_plan",
+    "noise_scale_samples",
+    "push_agreement",
+    "push_loss",
+    "squared_norm",
+    "two_batch_estimate",
+    "update_drift",
+    "update_noise_scale",
+]

@@ -1,0 +1,276 @@
+"""The statistical batch policy: `decide(config, state, stats, memory_micro_batch_samples)`. Pure.
+
+The memory governor (edgebatch/governor/policy.py) says how large a micro-batch *can* be; this
+policy says how large the effective batch (examples per optimizer update) *should* be, from the
+training statistics of signals.py. The two compose: the effective batch is reached by
+accumulation, micro = min(memory_micro_batch_samples, effective) and
+accumulation_steps = ceil(effective / micro), so a micro-batch never exceeds the governor's
+decision whatever the effective batch is. Plain values in and out, no TensorFlow.
+
+One call per optimizer update. `updates` advances and the cooldown counts down on every call;
+the triggers are only evaluated on a *check*: the first update with no cooldown left once at
+least `check_every_updates` updates have passed since the previous check (or the start), this
+update included. Between checks, and on a check that changes nothing, the effective batch is
+unchanged (the micro-batch and accumulation still follow a new memory ceiling at once).
+
+Triggers on a check, in this order (the first that fires decides; shrinking wins over growing,
+the safe side when the statistics disagree):
+1. drift (stats.drift True): shrink;
+2. direction disagreement: stats.mean_cosine < shrink_below_cosine: shrink;
+3. direction agreement: stats.mean_cosine > grow_above_cosine: grow;
+4. loss plateau (stats.plateau True): grow;
+5. schedule decay (Smith et al. 2018, "Don't Decay the Learning Rate, Increase the Batch Size"):
+   stats.schedule_lr_ratio (the schedule's current rate over its rate at the last change)
+   <= schedule_decay_ratio: grow by 1 / ratio instead (still within the growth bound);
+6. below the noise scale: effective < grow_below_noise_fraction x stats.noise_scale_samples: grow.
+   (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training": batches well below the
+   noise scale B_simple waste steps; well above it, waste examples.)
+A statistic that is None (not measured yet) fires nothing.
+
+Bounds on a change: growth to at most floor(current x max_grow_factor) (at least +1), shrinking to
+at least ceil(current x max_shrink_factor) (at least -1); growth is also capped at
+noise_cap_factor x B_simple when the noise scale is known (a growth the cap forbids is no change,
+its reason kept in Decision.blocked), and everything stays in
+[min_effective_batch_samples, max_effective_batch_samples]. A change starts the cooldown
+(`cooldown_updates`, the seed's at least 200) and resets the check count.
+
+LR: Decision.lr_scale = lr_coupling.lr_scale(config.lr_rule, state.base_effective_batch_samples,
+effective), the multiplier on the rate (or schedule, via scaled_schedule.ScaledSchedule) tuned for
+the starting effective batch. Path independent: scales never compound.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, replace
+
+from edgebatch.adapt.lr_coupling import LR_RULES, lr_scale
+from edgebatch.errors import UsageError
+
+__all__ = [
+    "AdaptConfig",
+    "AdaptConfigError",
+    "AdaptDecision",
+    "AdaptState",
+    "AdaptStats",
+    "decide",
+    "initial_state",
+    "micro_plan",
+]
+
+
+class AdaptConfigError(UsageError, ValueError):
+    """An adaptive-batch setting is out of range (a UsageError that is also a ValueError)."""
+
+
+def _integer(owner: object, name: str, minimum: int, optional: bool = False) -> None:
+    value = getattr(owner, name)
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise AdaptConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    object.__setattr__(owner, name, int(value))
+
+
+def _real(owner: object, name: str, low: float, high: float, optional: bool = False) -> None:
+    """A finite number in the open interval (low, high)."""
+    value = getattr(owner, name)
+    if optional and value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or not low < value < high
+    ):
+        raise AdaptConfigError(f"{name} must be a finite number in ({low}, {high}), got {value!r}")
+    object.__setattr__(owner, name, float(value))
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    """How the statistical policy sizes the effective batch. Checked on construction.
+
+    Sizes are in examples (`_samples`), times in optimizer updates (`_updates`). The seed's values
+    are the defaults: checks every 50 updates, >= 200 updates between changes, x1.5 up, x0.5 down,
+    cosine > 0.8 grows, < 0.3 shrinks.
+    """
+
+    min_effective_batch_samples: int = 1
+    max_effective_batch_samples: int = 65536
+    check_every_updates: int = 50
+    cooldown_updates: int = 200
+    max_grow_factor: float = 1.5
+    max_shrink_factor: float = 0.5
+    grow_above_cosine: float = 0.8
+    shrink_below_cosine: float = 0.3
+    noise_cap_factor: float | None = 1.0  # None: no cap from the noise scale
+    grow_below_noise_fraction: float | None = 0.5  # None: the noise scale never triggers growth
+    schedule_decay_ratio: float | None = 2.0 / 3.0  # None: the schedule never triggers growth
+    lr_rule: str = "sqrt"
+
+    def __post_init__(self) -> None:
+        _integer(self, "min_effective_batch_samples", 1)
+        _integer(self, "max_effective_batch_samples", 1)
+        if self.max_effective_batch_samples < self.min_effective_batch_samples:
+            raise AdaptConfigError(
+                f"max_effective_batch_samples {self.max_effective_batch_samples} < "
+                f"min_effective_batch_samples {self.min_effective_batch_samples}"
+            )
+        _integer(self, "check_every_updates", 1)
+        _integer(self, "cooldown_updates", 0)
+        _real(self, "max_grow_factor", 1.0, math.inf)
+        _real(self, "max_shrink_factor", 0.0, 1.0)
+        _real(self, "shrink_below_cosine", -1.0, 1.0)
+        _real(self, "grow_above_cosine", self.shrink_below_cosine, 1.0)
+        _real(self, "noise_cap_factor", 0.0, math.inf, optional=True)
+        _real(self, "grow_below_noise_fraction", 0.0, math.inf, optional=True)
+        _real(self, "schedule_decay_ratio", 0.0, 1.0, optional=True)
+        if self.lr_rule not in LR_RULES:
+            raise AdaptConfigError(f"lr_rule must be one of {LR_RULES}, got {self.lr_rule!r}")
+
+
+@dataclass(frozen=True)
+class AdaptStats:
+    """What the signals say at this update; None / False: not measured or not firing."""
+
+    noise_scale_samples: float | None = None  # B_simple (signals.noise_scale_samples)
+    mean_cosine: float | None = None  # signals.mean_agreement over the window
+    plateau: bool = False  # signals.is_plateau
+    schedule_lr_ratio: float | None = None  # schedule rate now / at the last change
+    drift: bool = False  # signals.drift_detected
+
+
+@dataclass(frozen=True)
+class AdaptState:
+    """What the policy remembers between updates."""
+
+    effective_batch_samples: int
+    base_effective_batch_samples: int  # the batch the learning rate was tuned for
+    updates: int = 0
+    updates_since_check: int = 0
+    cooldown_left_updates: int = 0
+    changes: int = 0
+    last_reason: str = ""
+
+
+@dataclass(frozen=True)
+class AdaptDecision:
+    """What to run next: `micro_batch_samples` x `accumulation_steps` covers `effective_batch_samples`
+    (the last micro-batch may be partial); `reason` says why it changed ("" when it did not);
+    `blocked` why a trigger that fired changed nothing (at a bound or cap)."""
+
+    effective_batch_samples: int
+    micro_batch_samples: int
+    accumulation_steps: int
+    lr_scale: float
+    changed: bool
+    reason: str = ""
+    blocked: str = ""
+
+
+def initial_state(config: AdaptConfig, effective_batch_samples: int) -> AdaptState:
+    """Start at `effective_batch_samples` (clamped into the config's range); the LR base is that size."""
+    if isinstance(effective_batch_samples, bool) or not isinstance(effective_batch_samples, numbers.Integral) \
+            or effective_batch_samples < 1:
+        raise AdaptConfigError(f"effective_batch_samples must be a positive integer, got {effective_batch_samples!r}")
+    start = min(max(int(effective_batch_samples), config.min_effective_batch_samples),
+                config.max_effective_batch_samples)
+    return AdaptState(effective_batch_samples=start, base_effective_batch_samples=start)
+
+
+def micro_plan(effective_batch_samples: int, memory_micro_batch_samples: int) -> tuple[int, int]:
+    """(micro, accumulation_steps): micro = min(memory's micro, effective), steps = ceil(effective / micro)."""
+    if memory_micro_batch_samples < 1:
+        raise AdaptConfigError(f"memory_micro_batch_samples must be >= 1, got {memory_micro_batch_samples!r}")
+    micro = min(int(memory_micro_batch_samples), effective_batch_samples)
+    return micro, math.ceil(effective_batch_samples / micro)
+
+
+def decide(
+    config: AdaptConfig, state: AdaptState, stats: AdaptStats, memory_micro_batch_samples: int
+) -> tuple[AdaptState, AdaptDecision]:
+    """Account one optimizer update; on a check, apply the triggers (module docstring)."""
+    cooldown_left = max(0, state.cooldown_left_updates - 1)
+    since_check = state.updates_since_check + 1
+    new_state = replace(state, updates=state.updates + 1, cooldown_left_updates=cooldown_left,
+                        updates_since_check=since_check)
+    current = state.effective_batch_samples
+    if state.cooldown_left_updates > 0 or since_check < config.check_every_updates:
+        return new_state, _decision(config, new_state, memory_micro_batch_samples, changed=False)
+    new_state = replace(new_state, updates_since_check=0)
+    direction, why, wanted_factor = _trigger(config, stats, current)
+    if direction == 0:
+        return new_state, _decision(config, new_state, memory_micro_batch_samples, changed=False)
+    if direction < 0:
+        bound = min(math.ceil(current * config.max_shrink_factor), current - 1)
+        target = max(bound, config.min_effective_batch_samples)  # = current at the minimum
+    else:
+        target = _grow_target(config, current, wanted_factor, stats.noise_scale_samples)
+    if target == current:
+        limit = _limit_note(config, current, direction, stats.noise_scale_samples)
+        return new_state, _decision(config, new_state, memory_micro_batch_samples, changed=False,
+                                    blocked=f"{why}: {limit}")
+    reason = f"{why}: {current} -> {target}"
+    new_state = replace(new_state, effective_batch_samples=target, cooldown_left_updates=config.cooldown_updates,
+                        changes=state.changes + 1, last_reason=reason)
+    return new_state, _decision(config, new_state, memory_micro_batch_samples, changed=True, reason=reason)
+
+
+def _trigger(config: AdaptConfig, stats: AdaptStats, current: int) -> tuple[int, str, float]:
+    """(-1 shrink / 0 nothing / +1 grow, why, wanted growth factor before the bound)."""
+    if stats.drift:
+        return -1, "drift: hard examples rising", 0.0
+    cosine = stats.mean_cosine
+    if cosine is not None and cosine < config.shrink_below_cosine:
+        return -1, f"mean cosine {cosine:.2f} < {config.shrink_below_cosine:.2f}", 0.0
+    if cosine is not None and cosine > config.grow_above_cosine:
+        return 1, f"mean cosine {cosine:.2f} > {config.grow_above_cosine:.2f}", math.inf
+    if stats.plateau:
+        return 1, "loss plateau", math.inf
+    ratio = stats.schedule_lr_ratio
+    if config.schedule_decay_ratio is not None and ratio is not None and 0.0 < ratio <= config.schedule_decay_ratio:
+        return 1, f"schedule decayed the rate to {ratio:.2f}x: grow the batch instead", 1.0 / ratio
+    noise = stats.noise_scale_samples
+    fraction = config.grow_below_noise_fraction
+    if fraction is not None and noise is not None and current < fraction * noise:
+        return 1, f"batch {current} < {fraction:g} x noise scale {noise:.0f}", math.inf
+    return 0, "", 0.0
+
+
+def _grow_target(config: AdaptConfig, current: int, wanted_factor: float, noise: float | None) -> int:
+    """floor(current x min(max_grow_factor, wanted)), at least current + 1, at most the max and the
+    noise-scale cap; `current` when the max or the cap leave no room."""
+    limit = config.max_effective_batch_samples
+    if config.noise_cap_factor is not None and noise is not None:
+        limit = min(limit, math.floor(config.noise_cap_factor * noise))
+    if limit <= current:
+        return current
+    bound = math.floor(current * min(config.max_grow_factor, wanted_factor))
+    return min(max(bound, current + 1), limit)
+
+
+def _limit_note(config: AdaptConfig, current: int, direction: int, noise: float | None) -> str:
+    if direction < 0:
+        return f"at min_effective_batch_samples {config.min_effective_batch_samples}"
+    if current >= config.max_effective_batch_samples:
+        return f"at max_effective_batch_samples {config.max_effective_batch_samples}"
+    return f"at the noise-scale cap {config.noise_cap_factor:g} x {noise:.0f}"
+
+
+def _decision(
+    config: AdaptConfig, state: AdaptState, memory_micro_batch_samples: int, changed: bool,
+    reason: str = "", blocked: str = "",
+) -> AdaptDecision:
+    effective = state.effective_batch_samples
+    micro, steps = micro_plan(effective, memory_micro_batch_samples)
+    return AdaptDecision(
+        effective_batch_samples=effective,
+        micro_batch_samples=micro,
+        accumulation_steps=steps,
+        lr_scale=lr_scale(config.lr_rule, state.base_effective_batch_samples, effective),
+        changed=changed,
+        reason=reason,
+        blocked=blocked,
+    )
