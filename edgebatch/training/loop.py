@@ -28,6 +28,27 @@ draw masks per micro-step: a split update draws other, equally distributed masks
 over the whole batch (exactness "random_draws_per_micro_batch"). With seeded layers a run is
 reproducible for a given sequence of splits.
 
+MirroredStrategy (replicas.py, steps.py): with the model (and optimizer) built under
+`tf.distribute.MirroredStrategy().scope()`, fit trains on all replicas; call it inside or outside
+the scope. The governor's micro-batch is the GLOBAL micro-batch: it decides once per update in
+Python, so every replica applies the same decision, and its sizes are multiples of the replica
+count (GovernorConfig multiple and min_batch; the default governor is `mirrored_governor_config`,
+whose ceiling is the effective batch rounded down to a multiple; a given governor that allows other
+sizes is refused). Each micro-step runs every replica on an even share of the piece (only an
+update's last piece can be uneven: shares differ by one); each replica adds sum(its losses) /
+update_examples to its own accumulators and the optimizer sums them across replicas once per
+update, so the update equals the plain loop's mean over the update as above. Per-replica shares are
+at most ceiling / replicas: pass the smallest device's ceiling times the replica count
+(`replicas.global_ceiling`); unequal shares for unequal devices are not supported. An OOM in any
+replica fails the whole micro-step (no replica adds anything: the accumulator updates wait for a
+scalar all-reduce of every replica's readiness) and the retry shrinks all replicas together;
+injected OOMs (injection.py) fail the last replica's step with a real allocation failure inside
+its graph. BatchNormalization under a strategy normalizes each replica's share by its own
+statistics (the per-replica batch is the global piece / replicas), so it is further from the plain
+loop than without one; fit's batch_norm options apply unchanged (SyncBatchNormalization is
+detected and treated like BatchNormalization, not synchronised by fit). Tested on two logical CPU
+devices; multi-GPU runs (NCCL all-reduce) are not tested here.
+
 Only OOMs that TensorFlow raises can be recovered. On CPU with TensorFlow's default oneDNN kernels,
 running out of address space can crash the process instead (docs/tensorflow-memory.md, "oneDNN
 convolutions can crash"; the RLIMIT_AS test runs with TF_ENABLE_ONEDNN_OPTS=0 for that reason), and
@@ -38,6 +59,7 @@ failed-and-retried micro-batch twice.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
 import time
@@ -54,11 +76,12 @@ from edgebatch.training.injection import injected_oom_plan, next_injected_oom
 from edgebatch.training.learning_rate import LearningRateScaler
 from edgebatch.training.observability import RunLog
 from edgebatch.training.records import FitReport, OomEvent, Progress, UpdateRecord
+from edgebatch.training.replicas import check_governor_for_replicas, mirrored_governor_config
 from edgebatch.training.steps import (
     AccumulatingSteps,
     batch_norm_layers,
+    mirrored_strategy_of,
     random_layers,
-    refuse_distribution_strategy,
     refuse_unsupported_precision,
 )
 
@@ -120,19 +143,25 @@ def fit(
     pressure or slow-step change), so the statistics are those of a fixed, known batch size (the
     last piece of an update is smaller unless effective_batch is a multiple of the micro-batch);
     "refuse" raises UsageError. The FitReport says which layers and what exactness held.
+    Under tf.distribute.MirroredStrategy (model and optimizer built in its scope) micro-batches are
+    global, a multiple of the replica count, split evenly over the replicas (module docstring);
+    FitReport.replicas says how many. Other strategies are refused.
     The optimizer's base learning rate is put back when fit returns (elastic mode scales it).
     TensorBoard scalars go to `log_dir`, one JSON line per update to `decision_log`
     (observability.py). Returns a FitReport of this call.
     """
     _check_arguments(effective_batch, epochs, checkpoint_dir, checkpoint_every_updates, max_updates,
                      max_checkpoints_to_keep, on_update, batch_norm)
-    refuse_distribution_strategy(model)
     loss, optimizer = _compiled_defaults(model, loss, optimizer)
+    strategy = mirrored_strategy_of(model, optimizer)
+    replicas = 1 if strategy is None else int(strategy.num_replicas_in_sync)
     dataset, element_spec, unbatched = prepare_dataset(dataset, model)
     if checkpoint_dir is not None:
         refuse_unreplayable_order(dataset)
     normalizers = _check_batch_norm(model, batch_norm)
-    if governor is None:
+    if governor is None and replicas > 1:
+        governor = Governor(mirrored_governor_config(effective_batch, replicas))
+    elif governor is None:
         governor = Governor(GovernorConfig(ceiling_batch=effective_batch, effective_batch=effective_batch))
     elif not isinstance(governor, Governor):
         raise UsageError(f"governor must be an edgebatch.governor.Governor, got {governor!r}")
@@ -141,23 +170,30 @@ def fit(
             f"effective_batch {effective_batch!r} differs from the governor's "
             f"config.effective_batch {governor.config.effective_batch!r}: build the governor for the same batch"
         )
+    problem = check_governor_for_replicas(governor.config, replicas)
+    if problem is not None:
+        raise UsageError(problem)
     refuse_unsupported_precision(model, optimizer)
     injected_oom_plan()  # a malformed EDGEBATCH_INJECT_OOM fails now, before any work
-    _build_optimizer(optimizer, model.trainable_variables)
-    loop = _GovernedLoop(
-        model=model, dataset=dataset, element_spec=element_spec, loss=loss, optimizer=optimizer,
-        governor=governor, epochs=epochs, checkpoint_dir=checkpoint_dir,
-        checkpoint_every_updates=checkpoint_every_updates, max_checkpoints_to_keep=max_checkpoints_to_keep,
-        pressure_reader=pressure_reader, max_updates=max_updates, on_update=on_update,
-        run_log=RunLog(log_dir, decision_log), callbacks=_callback_list(model, callbacks, epochs),
-        fixed_micro_batch=batch_norm == "fixed_micro_batch",
-    )
-    loop.report.batch_norm_layers = normalizers
-    loop.report.batch_norm = batch_norm
-    loop.report.random_layers = random_layers(model)
-    loop.report.exactness = _exactness(normalizers, loop.report.random_layers)
-    loop.report.unbatched_input = unbatched
-    return loop.run()
+    # Under a strategy everything from here runs in its scope: optimizer slots, accumulators and
+    # restored variables are then the strategy's (mirrored) ones.
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        _build_optimizer(optimizer, model.trainable_variables)
+        loop = _GovernedLoop(
+            model=model, dataset=dataset, element_spec=element_spec, loss=loss, optimizer=optimizer,
+            governor=governor, epochs=epochs, checkpoint_dir=checkpoint_dir,
+            checkpoint_every_updates=checkpoint_every_updates, max_checkpoints_to_keep=max_checkpoints_to_keep,
+            pressure_reader=pressure_reader, max_updates=max_updates, on_update=on_update,
+            run_log=RunLog(log_dir, decision_log), callbacks=_callback_list(model, callbacks, epochs),
+            fixed_micro_batch=batch_norm == "fixed_micro_batch", strategy=strategy,
+        )
+        loop.report.batch_norm_layers = normalizers
+        loop.report.batch_norm = batch_norm
+        loop.report.random_layers = random_layers(model)
+        loop.report.exactness = _exactness(normalizers, loop.report.random_layers)
+        loop.report.unbatched_input = unbatched
+        loop.report.replicas = replicas
+        return loop.run()
 
 
 def _check_arguments(effective_batch, epochs, checkpoint_dir, checkpoint_every_updates, max_updates,
@@ -282,7 +318,7 @@ class _GovernedLoop:
 
     def __init__(self, *, model, dataset, element_spec, loss, optimizer, governor, epochs, checkpoint_dir,
                  checkpoint_every_updates, max_checkpoints_to_keep, pressure_reader, max_updates, on_update,
-                 run_log, callbacks, fixed_micro_batch) -> None:
+                 run_log, callbacks, fixed_micro_batch, strategy=None) -> None:
         self.model = model
         self.dataset = dataset
         self.element_spec = element_spec
@@ -312,7 +348,7 @@ class _GovernedLoop:
             if governor_state is not None:
                 governor.load_state_dict(governor_state)
         self.scaler = LearningRateScaler(optimizer, governor.config.lr_scaling != "none", base_learning_rate)
-        self.steps = AccumulatingSteps(model, loss, optimizer, element_spec)
+        self.steps = AccumulatingSteps(model, loss, optimizer, element_spec, strategy)
         self.report = FitReport(resumed_from=self.progress if restored is not None else None)
         self.history_start = len(governor.history)
         # A supervisor restarted this process after a kill (supervisor.py): that size failed.
@@ -474,9 +510,15 @@ class _GovernedLoop:
             x, y = slice_examples(self.element_spec, flat_examples, offset, size)
             injected = next_injected_oom()
             try:
-                if injected is not None:
+                if self.steps.strategy is not None:
+                    # An injected OOM happens inside the last replica's step (a real allocation
+                    # failure there), so it tests that the other replicas add nothing either.
+                    oom_replica = tf.constant(-1 if injected is None else self.steps.replicas - 1, tf.int32)
+                    loss_sums.append(self.steps.micro_step(x, y, update_examples, oom_replica))
+                elif injected is not None:
                     raise tf.errors.ResourceExhaustedError(None, None, injected)
-                loss_sums.append(self.steps.micro_step(x, y, update_examples))
+                else:
+                    loss_sums.append(self.steps.micro_step(x, y, update_examples))
             except (tf.errors.ResourceExhaustedError, MemoryError) as exc:
                 # MemoryError: Python's own allocation failed (seen under an address-space cap
                 # while tracing, tools/bench); an out-of-memory all the same.
@@ -485,7 +527,7 @@ class _GovernedLoop:
                     update=self.progress.updates + 1, epoch=self.progress.epoch, micro_batch=size,
                     example_offset=offset, next_micro_batch=decision.micro_batch,
                     injected=injected is not None, gave_up=decision.exhausted,
-                    message=_first_line(exc),
+                    message=_oom_message(exc, injected, self.steps),
                 )
                 ooms.append(event)
                 self.report.oom_events.append(event)
@@ -529,6 +571,13 @@ class _GovernedLoop:
         )
         self.log.write_error(message, update=event.update, micro_batch=event.micro_batch)
         raise TrainingError(message) from exc
+
+
+def _oom_message(exc: Exception, injected: str | None, steps: AccumulatingSteps) -> str:
+    """OomEvent.message: the error's telling line; for an injected replica OOM, also why it happened."""
+    if injected is not None and steps.strategy is not None:
+        return f"{injected} (in replica {steps.replicas - 1} of {steps.replicas}): {_first_line(exc)}"
+    return _first_line(exc)
 
 
 def _first_line(exc: Exception) -> str:

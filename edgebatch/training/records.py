@@ -113,6 +113,9 @@ class FitReport:
     each micro-step draws its own masks, so an update is an equally distributed draw, not the plain
     loop's bit for bit. `batch_norm` is the fit option that applied ("allow" or
     "fixed_micro_batch"). `unbatched_input` is True when fit unbatched a batched dataset.
+    `replicas` is the MirroredStrategy's replica count (1 without a strategy); with more than one,
+    micro-batch sizes (UpdateRecord.micro_batches, OomEvent.micro_batch) are global: each replica
+    ran an even share of them.
     """
 
     updates: list[UpdateRecord] = field(default_factory=list)
@@ -132,6 +135,7 @@ class FitReport:
     random_layers: list[str] = field(default_factory=list)
     batch_norm: str = "allow"
     unbatched_input: bool = False
+    replicas: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy of the report."""
@@ -153,4 +157,5 @@ class FitReport:
             "random_layers": list(self.random_layers),
             "batch_norm": self.batch_norm,
             "unbatched_input": self.unbatched_input,
+            "replicas": self.replicas,
         }

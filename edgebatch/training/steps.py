@@ -21,6 +21,16 @@ added nothing: the loop can re-run the same examples in smaller pieces. What a f
 cannot undo is state the forward pass itself writes (BatchNormalization's moving statistics, a
 stateful random generator): those see the retried examples twice.
 
+MirroredStrategy. With a strategy, the accumulators are ON_READ/SUM variables (each replica sums
+its own gradients: no all-reduce per micro-step), the micro-step runs `strategy.run` with the
+global piece and each replica slices its even share (replicas.replica_shares) by its replica id,
+and the apply step runs the optimizer in replica context, where Keras sums the replicas' gradients
+once. OOM safety across replicas: each replica's accumulator updates also wait for a scalar
+all-reduce that completes only once every replica has all its gradients, so a replica that runs
+out of memory leaves every replica's accumulators untouched. Every replica receives the whole
+global piece's input tensor and slices it on its device (input copies are the global piece's
+size, not the share's).
+
 TensorFlow is imported inside functions so that importing edgebatch.training stays cheap.
 """
 
@@ -36,9 +46,14 @@ __all__ = [
     "batch_norm_layers",
     "per_example_loss",
     "random_layers",
+    "mirrored_strategy_of",
     "refuse_distribution_strategy",
     "refuse_unsupported_precision",
 ]
+
+# What an injected replica OOM allocates (float32 elements, 4 TiB): more than any device holds, so
+# the allocator itself raises ResourceExhaustedError inside that replica's step.
+_INJECTED_OOM_ELEMENTS = 1 << 40
 
 # Class names (anywhere in a layer's MRO) of layers that normalize by batch statistics in training:
 # Keras 3, tf_keras (BatchNormalizationBase, SyncBatchNormalization) and subclasses of either.
@@ -115,6 +130,46 @@ def refuse_distribution_strategy(model: Any) -> None:
         )
 
 
+def mirrored_strategy_of(model: Any, optimizer: Any) -> Any:
+    """The tf.distribute.MirroredStrategy fit runs `model` under, or None for plain one-device training.
+
+    The strategy is the active one (fit called inside `strategy.scope()`) or the one the model was
+    built under (fit called outside it). UsageError for any other strategy (fit has no support for
+    them), for a model built outside the active MirroredStrategy's scope (its variables are not
+    mirrored) and for an optimizer created outside it (its slots would not be mirrored).
+    """
+    import tensorflow as tf
+
+    active = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    built = getattr(model, "_distribute_strategy", None) or getattr(model, "_distribution_strategy", None)
+    strategy = active or built
+    if strategy is None:
+        return None
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        raise UsageError(
+            f"edgebatch.training.fit supports only tf.distribute.MirroredStrategy, got {type(strategy).__name__}: "
+            "use MirroredStrategy, or build the model and call fit outside any strategy.scope() (one device)"
+        )
+    if built is not strategy or not all(_is_distributed(v) for v in model.trainable_variables):
+        raise UsageError(
+            f"fit runs under {type(strategy).__name__}, but model {getattr(model, 'name', model)!r} was not built "
+            "under its scope (its variables are not mirrored): build the model inside strategy.scope()"
+        )
+    if getattr(optimizer, "_distribution_strategy", strategy) is not strategy:
+        raise UsageError(
+            f"fit runs under {type(strategy).__name__}, but the optimizer {type(optimizer).__name__} was created "
+            "outside its scope: create (or compile) it inside strategy.scope()"
+        )
+    return strategy
+
+
+def _is_distributed(variable: Any) -> bool:
+    import tensorflow as tf
+
+    inner = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)  # Keras 3
+    return isinstance(inner, tf.distribute.DistributedValues)
+
+
 def refuse_unsupported_precision(model: Any, optimizer: Any) -> None:
     """UsageError for float16 mixed precision, which fit does not support yet.
 
@@ -157,21 +212,31 @@ class AccumulatingSteps:
     function across instances; `traces` is the per-call truth.
     """
 
-    def __init__(self, model: Any, loss: Any, optimizer: Any, element_spec: Any) -> None:
+    def __init__(self, model: Any, loss: Any, optimizer: Any, element_spec: Any, strategy: Any = None) -> None:
+        import contextlib
+
         import tensorflow as tf
 
         self.model = model
         self.optimizer = optimizer
+        self.strategy = strategy
+        self.replicas = 1 if strategy is None else int(strategy.num_replicas_in_sync)
         self.variables = list(model.trainable_variables)
         if not self.variables:
             raise UsageError(
                 f"model {getattr(model, 'name', model)!r} has no trainable variables: build it first "
                 "(give it a keras.Input or call it on one batch)"
             )
-        self.accumulators = [
-            tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"edgebatch_accumulator_{i}")
-            for i, v in enumerate(self.variables)
-        ]
+        # Under a strategy each replica sums its own gradients (ON_READ: no all-reduce per
+        # micro-step); reading them in the apply step's replica context gives the local sums, which
+        # the optimizer all-reduces once per update.
+        local = {} if strategy is None else {"synchronization": tf.VariableSynchronization.ON_READ,
+                                              "aggregation": tf.VariableAggregation.SUM}
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            self.accumulators = [
+                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"edgebatch_accumulator_{i}", **local)
+                for i, v in enumerate(self.variables)
+            ]
         self.traces = {"micro_step": 0, "apply_step": 0}
         self._loss = per_example_loss(loss)
         x_spec, y_spec = element_spec
@@ -180,8 +245,16 @@ class AccumulatingSteps:
             tf.nest.map_structure(_batched_spec, y_spec),
             tf.TensorSpec([], tf.float32, name="update_examples"),
         ]
-        self.micro_step = tf.function(self._micro_step, input_signature=signature)
-        self.apply_step = tf.function(self._apply_step)
+        if strategy is None:
+            self.micro_step = tf.function(self._micro_step, input_signature=signature)
+            self.apply_step = tf.function(self._apply_step)
+        else:
+            # `oom_replica`: the replica that must run out of memory in this call (injection), -1: none.
+            signature.append(tf.TensorSpec([], tf.int32, name="oom_replica"))
+            self.micro_step = tf.function(self._mirrored_micro_step, input_signature=signature)
+            self.apply_step = tf.function(self._mirrored_apply_step)
+            self._reset = tf.function(lambda: strategy.run(self._zero_accumulators))
+            _resolve_replica_group(strategy)
 
     def _per_example(self, y: Any, y_pred: Any) -> Any:
         import tensorflow as tf
@@ -198,9 +271,17 @@ class AccumulatingSteps:
         return values
 
     def _micro_step(self, x: Any, y: Any, update_examples: Any) -> Any:
+        self.traces["micro_step"] += 1  # runs while tracing only
+        return self._accumulate_piece(x, y, update_examples)
+
+    def _accumulate_piece(self, x: Any, y: Any, update_examples: Any, barrier: Callable | None = None) -> Any:
+        """Add this piece's share of the update's gradient into the accumulators; its loss sum.
+
+        `barrier(gradients) -> tensor`: what every accumulator update must also wait for (under a
+        strategy: all replicas' gradients, so that no replica adds anything when one fails).
+        """
         import tensorflow as tf
 
-        self.traces["micro_step"] += 1  # runs while tracing only
         with tf.GradientTape() as tape:
             y_pred = self.model(x, training=True)
             per_example = self._per_example(y, y_pred)
@@ -213,10 +294,44 @@ class AccumulatingSteps:
         gradients = tape.gradient(objective, self.variables)
         gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, self.variables)]
         # All gradients exist before any accumulator moves: see "OOM safety" in the module docstring.
-        with tf.control_dependencies([_tensor_of(g) for g in gradients]):
+        ready = [_tensor_of(g) for g in gradients]
+        if barrier is not None:
+            ready = [barrier(ready)]
+        with tf.control_dependencies(ready):
             updates = [_accumulate(acc, g) for acc, g in zip(self.accumulators, gradients)]
         with tf.control_dependencies(updates):
             return tf.identity(loss_sum)
+
+    def _mirrored_micro_step(self, x: Any, y: Any, update_examples: Any, oom_replica: Any) -> Any:
+        import tensorflow as tf
+
+        self.traces["micro_step"] += 1
+        per_replica = self.strategy.run(self._replica_micro_step, args=(x, y, update_examples, oom_replica))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    def _replica_micro_step(self, x: Any, y: Any, update_examples: Any, oom_replica: Any) -> Any:
+        """One replica's share of a global piece: examples [start, start + size) as in replicas.replica_shares."""
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
+        total = tf.shape(tf.nest.flatten(y)[0])[0]
+        base, extra = total // self.replicas, total % self.replicas
+        start = replica * base + tf.minimum(replica, extra)
+        size = base + tf.cast(replica < extra, tf.int32)
+        pick = lambda t: t[start : start + size]  # noqa: E731
+        xs, ys = tf.nest.map_structure(pick, x), tf.nest.map_structure(pick, y)
+
+        def barrier(ready: list) -> Any:
+            # After this replica's gradients: the injected allocation (1 element unless this replica
+            # must fail), then a scalar all-reduce that completes only when every replica got here.
+            with tf.control_dependencies(ready):
+                elements = tf.where(tf.equal(replica, oom_replica), tf.constant(_INJECTED_OOM_ELEMENTS, tf.int64),
+                                    tf.constant(1, tf.int64))
+                token = tf.reduce_sum(tf.fill(tf.reshape(elements, [1]), 0.0)) + 1.0
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, token)
+
+        return self._accumulate_piece(xs, ys, update_examples, barrier)
 
     def _apply_step(self) -> None:
         import tensorflow as tf
@@ -227,12 +342,45 @@ class AccumulatingSteps:
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
 
-    def reset_accumulators(self) -> None:
-        """Zero the accumulators (after an update that could not finish)."""
+    def _mirrored_apply_step(self) -> None:
+        self.traces["apply_step"] += 1
+        self.strategy.run(self._replica_apply_step)
+
+    def _replica_apply_step(self) -> None:
+        # In replica context an ON_READ accumulator reads as this replica's own sum; the optimizer
+        # all-reduces (sums) the gradients across replicas before updating the mirrored variables.
+        self.optimizer.apply_gradients(zip([acc.read_value() for acc in self.accumulators], self.variables))
+        self._zero_accumulators()
+
+    def _zero_accumulators(self) -> None:
         import tensorflow as tf
 
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
+
+    def reset_accumulators(self) -> None:
+        """Zero the accumulators (after an update that could not finish)."""
+        if self.strategy is not None:
+            self._reset()  # each replica zeroes its own sums
+            return
+        self._zero_accumulators()
+
+
+def _resolve_replica_group(strategy: Any) -> None:
+    """Run one scalar all-reduce over the replicas before any step can fail.
+
+    A collective that TensorFlow aborts (one replica ran out of memory while the others waited in
+    the all-reduce) cancels every replica group whose members have not met yet, for the life of the
+    process: if the very first micro-step ran out of memory, every later step would fail with
+    "group is cancelled" (seen with MirroredStrategy on two logical CPUs). Once the group has met,
+    an abort cancels only that step, and the retry runs.
+    """
+    import tensorflow as tf
+
+    def replica_fn() -> Any:
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
+
+    tf.function(lambda: strategy.run(replica_fn))()
 
 
 def _tensor_of(gradient: Any) -> Any:
