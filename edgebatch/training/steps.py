@@ -325,10 +325,12 @@ class AccumulatingSteps:
         def barrier(ready: list) -> Any:
             # After this replica's gradients: the injected allocation (1 element unless this replica
             # must fail), then a scalar all-reduce that completes only when every replica got here.
+            # The allocation is a stateful op, which Grappler neither folds nor prunes (measured: it
+            # drops a reduce_sum over tf.fill(..., 0.0), and the injected OOM with it).
             with tf.control_dependencies(ready):
                 elements = tf.where(tf.equal(replica, oom_replica), tf.constant(_INJECTED_OOM_ELEMENTS, tf.int64),
                                     tf.constant(1, tf.int64))
-                token = tf.reduce_sum(tf.fill(tf.reshape(elements, [1]), 0.0)) + 1.0
+                token = tf.reduce_min(tf.random.uniform(tf.reshape(elements, [1]), dtype=tf.float32))
             return context.all_reduce(tf.distribute.ReduceOp.SUM, token)
 
         return self._accumulate_piece(xs, ys, update_examples, barrier)
