@@ -150,3 +150,15 @@ def test_mirrored_fit_gives_up_at_the_smallest_global_micro_batch_and_the_next_f
     # collectives of the next fit still run (see steps._resolve_replica_group).
     after = result["after"]
     assert after["diff"] < 1e-4 and after["examples"] == [16] and after["micro_batches"] == [[4, 4, 4, 4]]
+
+
+@pytest.mark.slow
+def test_keras_integration_under_mirrored_strategy_equals_plain_fit():
+    result = run_scenario("keras")
+    assert result["replicas"] == 2
+    assert result["diff"] < 1e-4 and result["trained"] > 1e-3
+    assert result["loss"] == pytest.approx(result["plain_loss"], rel=1e-5)  # the tracker sees unscaled losses
+    assert result["accuracy"] == pytest.approx(result["plain_accuracy"])
+    assert [d["micro_batch"] for d in result["decisions"]] == [4, 2, 4, 8]  # global sizes, all even
+    assert result["batches"] == 8 and result["traces"] in (2, 4)  # one trace per replica (Keras may trace twice)
+    assert "multiple is 1" in result["refused"]

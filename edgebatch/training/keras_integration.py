@@ -18,7 +18,15 @@ Works with Keras 3 (`import keras`) and tf_keras (`import tf_keras`) models; `_K
 hold the few calls that differ. Mixed precision works (the loss-scale optimizer sees one
 accumulated gradient per batch). BatchNormalization normalizes each micro-batch by its own
 statistics: enable_micro_batching warns and names the layers (`controller.batch_norm_layers`).
-Not supported: distribution strategies (refused), XLA (`jit_compile=True`:
+MirroredStrategy (model compiled in its scope): model.fit runs this train_step on every replica with
+its share of the batch; the governor's micro-batch is global (GovernorConfig multiple and min_batch
+multiples of the replica count, else refused) and each replica splits its share into pieces of
+micro_batch / replicas, so every replica applies the same decision. Keras scales each replica's
+loss by 1 / replicas and the optimizer sums the replicas' gradients once per batch, as in Keras's
+own train_step, so a batch equals plain model.fit's under the same strategy (and the plain loop's
+when fit's batches split evenly over the replicas). An OOM in one replica ends model.fit as below;
+`controller.on_oom()` then shrinks all replicas together. Other strategies are refused.
+Not supported: XLA (`jit_compile=True`:
 dynamic micro-batch slices in a loop do not compile; enable_micro_batching turns it off), the
 governor's elastic mode (fit's batch size is fixed; use edgebatch.training.fit).
 
@@ -46,7 +54,8 @@ import keras
 
 from edgebatch.errors import UsageError
 from edgebatch.governor import Decision, Governor, Observation, PressureReader
-from edgebatch.training.steps import batch_norm_layers, refuse_distribution_strategy
+from edgebatch.training.replicas import check_governor_for_replicas
+from edgebatch.training.steps import batch_norm_layers, mirrored_strategy_of
 
 __all__ = ["GovernorCallback", "MicroBatchController", "TfKerasGovernorCallback", "enable_micro_batching"]
 
@@ -65,10 +74,13 @@ class _Keras3:
         compute = getattr(model, "_compute_loss", None) or model.compute_loss  # handles old overrides
         loss = compute(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
         # Keras 3's train_step feeds its (private) loss tracker itself; weighting each piece by its
-        # size gives the same mean as one update over the whole batch.
+        # size gives the same mean as one update over the whole batch. Under a strategy Keras
+        # scales the loss by 1 / replicas (the optimizer sums the replicas' gradients); its own
+        # train_step unscales what the tracker sees, and so does this one.
         tracker = getattr(model, "_loss_tracker", None)
         if tracker is not None:
-            tracker.update_state(loss, sample_weight=examples)
+            replicas = tf_replicas()
+            tracker.update_state(loss * replicas if replicas > 1 else loss, sample_weight=examples)
         return loss
 
     @staticmethod
@@ -108,6 +120,13 @@ class _TfKeras:
         optimizer.apply_gradients(zip(gradients, variables))
 
 
+def tf_replicas() -> int:
+    """Replicas in sync of the strategy in scope (1 without one); a Python int at trace time."""
+    import tensorflow as tf
+
+    return int(tf.distribute.get_strategy().num_replicas_in_sync)
+
+
 def _world_of(model: Any) -> type:
     if isinstance(model, keras.Model):
         return _Keras3
@@ -142,6 +161,7 @@ class MicroBatchController:
         self.batches = 0
         self.decisions: list[dict[str, Any]] = []
         self.batch_norm_layers: list[str] = []
+        self.replicas = 1  # MirroredStrategy replicas: micro_batch is global, each replica runs micro_batch / replicas
 
     def observe_batch(self, step_seconds: float | None) -> Decision:
         """One fit batch finished: read pressure, let the governor observe it, apply its decision."""
@@ -186,11 +206,16 @@ def enable_micro_batching(
             "use edgebatch.training.fit for elastic mode"
         )
     world = _world_of(model)
-    refuse_distribution_strategy(model)
+    strategy = mirrored_strategy_of(model, getattr(model, "optimizer", None))
+    replicas = 1 if strategy is None else int(strategy.num_replicas_in_sync)
+    problem = check_governor_for_replicas(governor.config, replicas)
+    if problem is not None:
+        raise UsageError(problem)
     compiled = getattr(model, "compiled", getattr(model, "_is_compiled", False))
     if not compiled or getattr(model, "optimizer", None) is None:
         raise UsageError(f"compile model {model.name!r} before enable_micro_batching (compile resets train_step settings)")
     controller = MicroBatchController(model, governor, pressure_reader)
+    controller.replicas = replicas
     controller.batch_norm_layers = batch_norm_layers(model)
     if controller.batch_norm_layers:
         warnings.warn(
@@ -217,8 +242,9 @@ def _governed_train_step(model: Any, data: Any, *, controller: MicroBatchControl
 
     controller.traces += 1  # runs while tracing only
     x, y, sample_weight = world.unpack(data)
-    batch = tf.shape(tf.nest.flatten(x)[0])[0]
-    micro = tf.maximum(tf.minimum(controller.micro_batch.read_value(), batch), 1)
+    batch = tf.shape(tf.nest.flatten(x)[0])[0]  # this replica's share of fit's batch under a strategy
+    # The governor's micro-batch is global (a multiple of the replicas): each replica runs its share.
+    micro = tf.maximum(tf.minimum(controller.micro_batch.read_value() // controller.replicas, batch), 1)
     batch_f = tf.cast(batch, tf.float32)
     variables = model.trainable_variables
 

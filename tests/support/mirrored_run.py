@@ -4,7 +4,7 @@ The logical devices must be configured before TensorFlow initialises its devices
 tests/test_training_mirrored.py runs this script in a subprocess. Prints one JSON line with what
 the scenario found.
 
-usage: python mirrored_run.py SCENARIO   (exact | changes | refusals | give_up)
+usage: python mirrored_run.py SCENARIO   (exact | changes | refusals | give_up | keras)
 """
 
 import json
@@ -182,7 +182,39 @@ def give_up():
     return {"message": message, "unchanged": unchanged, "after": summary(report, model, expected)}
 
 
+def keras():
+    """model.fit under the strategy with enable_micro_batching, the micro-batch moved by pressure,
+    against plain model.fit without a strategy (every batch splits evenly over the replicas)."""
+    from edgebatch.training.keras_integration import enable_micro_batching
+
+    x, y = make_data(56)  # batches 16, 16, 16, 8: 8, 8, 8, 4 per replica
+    plain = make_model()
+    plain.compile(optimizer=make_optimizer("sgd"), loss=make_loss(), metrics=["accuracy"])
+    plain_history = plain.fit(x, y, batch_size=EFFECTIVE, epochs=2, shuffle=False, verbose=0)
+    mirrored = strategy()
+    with mirrored.scope():
+        model = make_model()
+        model.compile(optimizer=make_optimizer("sgd"), loss=make_loss(), metrics=["accuracy"])
+    config = mirrored_governor_config(EFFECTIVE, 2, ceiling_batch=8, cooldown_updates=0, grow_patience=1,
+                                      slow_step_factor=1e9)
+    refused = None
+    try:
+        enable_micro_batching(model, Governor(GovernorConfig(ceiling_batch=8, effective_batch=EFFECTIVE)))
+    except UsageError as exc:
+        refused = str(exc)
+    controller = enable_micro_batching(model, Governor(config), pressure_reader=Schedule([0.95, 0.95, 0.3, 0.3, 0.3]))
+    history = model.fit(x, y, batch_size=EFFECTIVE, epochs=2, shuffle=False, verbose=0, callbacks=[controller.callback()])
+    return {
+        "diff": max_weight_diff(model.get_weights(), plain.get_weights()),
+        "trained": max_weight_diff(model.get_weights(), make_model().get_weights()),
+        "loss": history.history["loss"], "plain_loss": plain_history.history["loss"],
+        "accuracy": history.history["accuracy"], "plain_accuracy": plain_history.history["accuracy"],
+        "decisions": controller.decisions, "batches": controller.batches, "traces": controller.traces,
+        "replicas": controller.replicas, "refused": refused,
+    }
+
+
 if __name__ == "__main__":
     scenario = sys.argv[1]
-    result = {"exact": exact, "changes": changes, "refusals": refusals, "give_up": give_up}[scenario]()
+    result = {"exact": exact, "changes": changes, "refusals": refusals, "give_up": give_up, "keras": keras}[scenario]()
     print("RESULT " + json.dumps(result))
