@@ -11,7 +11,7 @@ import click
 from edgebatch.probing.api import ProbeRequest
 from edgebatch.probing.budget import MEMORY_BUDGET_ENV
 from edgebatch.probing.search import STRATEGIES
-from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZERS, PRECISIONS
+from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZATIONS, OPTIMIZERS, PRECISIONS
 
 _DEFAULTS = ProbeRequest()
 
@@ -41,6 +41,10 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
                      help="Keras dtype policy."),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=_DEFAULTS.optimizer, show_default=True,
                      help="Optimizer whose state the probe includes in memory."),
+        click.option("--optimize", type=click.Choice(OPTIMIZATIONS), default=_DEFAULTS.optimize, show_default=True,
+                     help="Probe the model wrapped by TensorFlow Model Optimization: qat (quantize_model) or prune "
+                          "(prune_low_magnitude). Needs a tf_keras model: built-ins are built with tf_keras, a "
+                          "FILE.py:FUNCTION must return one (`import tf_keras`). Recorded in the model key."),
         click.option("--start", type=click.IntRange(min=1), default=_DEFAULTS.start, show_default=True,
                      help="First batch size tried."),
         click.option("--max-batch-limit", "--max-batch", "max_batch_limit", type=click.IntRange(min=1),

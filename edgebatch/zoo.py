@@ -3,6 +3,14 @@
 `parse_model_spec` is pure and checks what can be checked without TensorFlow (so a typo fails in
 milliseconds, before a worker process spends seconds importing TensorFlow). `build_model` imports
 TensorFlow and builds the model; it runs inside probe workers and benchmarks.
+
+`optimize` ("qat", "prune") wraps the built model with TensorFlow Model Optimization
+(`build_model(..., optimize=...)`). TFMOT handles tf_keras models only, so built-ins are then built
+with tf_keras, a FILE.py:FUNCTION must return a tf_keras model (tests/models/tf_keras_mlp.py) and a
+.keras file must load with tf_keras. Importing tensorflow_model_optimization sets
+TF_USE_LEGACY_KERAS=1, which makes `tf.keras` tf_keras for the rest of the process
+(docs/tensorflow-memory.md#tfmot), so it is imported here, lazily, only when asked: in a probe
+that is the worker process, never the caller's.
 """
 
 from __future__ import annotations
@@ -25,6 +33,11 @@ BUILTIN_MODELS: dict[str, str] = {
 }
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("adam", "sgd")
+# TFMOT wrappers the probe can apply: quantization-aware training, magnitude pruning.
+OPTIMIZATIONS = ("none", "qat", "prune")
+_TF_KERAS_HOWTO = (
+    "return a tf_keras model (`import tf_keras`, as in tests/models/tf_keras_mlp.py) or use a built-in model"
+)
 
 
 @dataclass(frozen=True)
@@ -62,18 +75,83 @@ def parse_model_spec(spec: str) -> ModelSpec:
     raise UsageError(f"unknown model {text!r}: use one of {names}, FILE.py:FUNCTION or FILE.keras")
 
 
-def build_model(spec: ModelSpec, precision: str = "float32"):
-    """Build the model for `spec` under `precision` (a Keras 3 or a tf_keras model)."""
+def build_model(spec: ModelSpec, precision: str = "float32", optimize: str = "none"):
+    """Build the model for `spec` under `precision` (a Keras 3 or a tf_keras model).
+
+    With `optimize` "qat" or "prune" the model is a tf_keras model wrapped by TFMOT (see
+    `build_base_model` for the model before wrapping); a Keras 3 model is a UsageError.
+    """
+    return optimize_model(build_base_model(spec, precision, optimize), optimize)
+
+
+def build_base_model(spec: ModelSpec, precision: str = "float32", optimize: str = "none"):
+    """The model for `spec` before any TFMOT wrapping: a tf_keras model when `optimize` asks for one."""
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    _check_optimize(optimize)
     import keras
 
     keras.mixed_precision.set_global_policy(precision)
+    if optimize != "none":
+        import tf_keras
+
+        tf_keras.mixed_precision.set_global_policy(precision)
+        if spec.kind == "builtin":
+            return _build_builtin(spec.name, tf_keras)
+        if spec.kind == "keras_file":
+            return _load_tf_keras_file(spec.path, optimize)
+        model = _call_model_function(spec)
+        if keras_flavor(model) != "tf_keras":
+            raise UsageError(
+                f"--optimize {optimize} needs a tf_keras model (TFMOT does not handle Keras 3) and {spec.text!r} "
+                f"returned a Keras 3 {type(model).__name__}: {_TF_KERAS_HOWTO}"
+            )
+        return model
     if spec.kind == "builtin":
         return _build_builtin(spec.name)
     if spec.kind == "keras_file":
         return _load_keras_file(spec.path)
     return _call_model_function(spec)
+
+
+def optimize_model(model, optimize: str):
+    """`model` wrapped by TFMOT: quantize_model for "qat", prune_low_magnitude for "prune", as is for "none".
+
+    Imports tensorflow_model_optimization (only here, only when asked: see the module docstring).
+    """
+    _check_optimize(optimize)
+    if optimize == "none":
+        return model
+    if keras_flavor(model) != "tf_keras":
+        raise UsageError(f"--optimize {optimize} needs a tf_keras model (TFMOT does not handle Keras 3): {_TF_KERAS_HOWTO}")
+    import tensorflow_model_optimization as tfmot
+
+    try:
+        if optimize == "qat":
+            return tfmot.quantization.keras.quantize_model(model)
+        return tfmot.sparsity.keras.prune_low_magnitude(model)
+    except (ValueError, TypeError, RuntimeError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UsageError(f"TFMOT cannot apply --optimize {optimize} to model {model.name!r}: {first}") from error
+
+
+def training_callbacks(model, optimize: str) -> list:
+    """Keras callbacks a custom training loop must drive for `optimize` (TFMOT's UpdatePruningStep for "prune").
+
+    Without UpdatePruningStep's hooks a pruned model's step fails with "Prune() wrapper requires the
+    UpdatePruningStep callback" (docs/tensorflow-memory.md#tfmot); the trial calls `set_model`,
+    `on_train_begin` once and `on_train_batch_begin` before each step, as `fit` would.
+    """
+    if optimize != "prune":
+        return []
+    import tensorflow_model_optimization as tfmot
+
+    return [tfmot.sparsity.keras.UpdatePruningStep()]
+
+
+def _check_optimize(optimize: str) -> None:
+    if optimize not in OPTIMIZATIONS:
+        raise UsageError(f"unknown optimization {optimize!r}: choose one of {', '.join(OPTIMIZATIONS)}")
 
 
 def keras_flavor(model) -> str:
@@ -82,9 +160,11 @@ def keras_flavor(model) -> str:
     return "tf_keras" if module.startswith("tf_keras") or ".legacy." in module else "keras3"
 
 
-def _build_builtin(name: str):
-    import keras
-    from keras import layers
+def _build_builtin(name: str, keras=None):
+    """A built-in model, built with `keras` (the keras module by default; tf_keras for TFMOT)."""
+    if keras is None:
+        import keras
+    layers = keras.layers
 
     image_shape = (96, 96, 3)
     if name == "mobilenet_v2":
@@ -138,6 +218,20 @@ def _load_keras_file(path: str):
         return keras.models.load_model(path, compile=False)
     except Exception as error:  # noqa: BLE001 - any load failure is the user's file
         raise UsageError(f"cannot load model file {path!r}: {error}") from error
+
+
+def _load_tf_keras_file(path: str, optimize: str):
+    import tf_keras
+
+    try:
+        return tf_keras.models.load_model(path, compile=False)
+    except Exception as error:  # any load failure is the user's file
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise UsageError(
+            f"--optimize {optimize} needs a tf_keras model (TFMOT does not handle Keras 3) and tf_keras cannot load "
+            f"{path!r} ({first}): give FILE.py:FUNCTION that returns a tf_keras model (`import tf_keras`, as in "
+            "tests/models/tf_keras_mlp.py)"
+        ) from error
 
 
 def _call_model_function(spec: ModelSpec):

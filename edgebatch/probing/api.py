@@ -43,7 +43,7 @@ from edgebatch.profiles import (
     save_profile,
 )
 from edgebatch.units import format_bytes
-from edgebatch.zoo import OPTIMIZERS, PRECISIONS, parse_model_spec
+from edgebatch.zoo import OPTIMIZATIONS, OPTIMIZERS, PRECISIONS, keras_flavor, parse_model_spec
 
 # A trial fits when its peak is at most 97.5% of the budget: max_batch must run in any fresh
 # process, not just in the worker that measured it, and the same batch reads differently from one
@@ -75,6 +75,8 @@ class ProbeRequest:
 
     `max_batch_limit` is the largest batch the search may try; `max_batch` is only ever the answer.
     `allow_overcommit` accepts an explicit budget above what the device can give now.
+    `optimize` ("qat", "prune") probes the model wrapped by TFMOT; the worker builds it as a tf_keras
+    model and is the only process that imports tensorflow_model_optimization (zoo.py).
     """
 
     model: str = "mobilenet_v2"
@@ -83,6 +85,7 @@ class ProbeRequest:
     allow_overcommit: bool = False
     precision: str = "float32"
     optimizer: str = "adam"
+    optimize: str = "none"
     start: int = DEFAULT_START_BATCH
     max_batch_limit: int = DEFAULT_MAX_BATCH_LIMIT
     multiple: int = 1
@@ -108,6 +111,8 @@ class ProbeRequest:
             raise UsageError(f"unknown precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         if self.optimizer not in OPTIMIZERS:
             raise UsageError(f"unknown optimizer {self.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+        if self.optimize not in OPTIMIZATIONS:
+            raise UsageError(f"unknown --optimize {self.optimize!r}: choose one of {', '.join(OPTIMIZATIONS)}")
         if not 0 <= self.headroom < 1:
             raise UsageError(f"--headroom must be in [0, 1), got {self.headroom!r}")
         if self.steps_per_trial < 1:
@@ -137,7 +142,7 @@ def probe(
 
     `model` is a built-in name, "FILE.py:FUNCTION", a ".keras" path, or a Keras model object (saved
     to a temporary .keras file for the worker). `options` are ProbeRequest's fields, with its
-    defaults: device, memory_budget, allow_overcommit, precision, optimizer, start, max_batch_limit,
+    defaults: device, memory_budget, allow_overcommit, precision, optimizer, optimize, start, max_batch_limit,
     multiple, headroom, steps_per_trial, trial_seconds, strategy, worker_address_space_headroom_bytes.
     A cached profile is returned, unless `force`, only where it answers this request: same device
     (fingerprint, memory limit included) and model key, the same settings that change the answer,
@@ -154,6 +159,12 @@ def probe(
         raise UsageError(f"unknown probe option(s) {', '.join(unknown)}: see edgebatch.probing.ProbeRequest")
     temp_model_file = None
     if not isinstance(model, str):
+        optimize = options.get("optimize", "none")
+        if optimize != "none" and keras_flavor(model) != "tf_keras":
+            raise UsageError(
+                f"--optimize {optimize} needs a tf_keras model (TFMOT does not handle Keras 3) and this is a Keras 3 "
+                f"{type(model).__name__}: build it with `import tf_keras` (as in tests/models/tf_keras_mlp.py)"
+            )
         temp_model_file = _save_model_object(model)
         model = temp_model_file
     request = ProbeRequest(model=model, **options)
@@ -182,6 +193,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         model_spec=spec.text,
         precision=request.precision,
         optimizer=request.optimizer,
+        optimize=request.optimize,
         device=device,
         steps_per_trial=request.steps_per_trial,
         trial_seconds=request.trial_seconds,
@@ -211,6 +223,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             request.precision,
             request.optimizer,
             model_facts["tensorflow"],
+            optimize=request.optimize,
         )
         fingerprint = facts.fingerprint
         directory = resolve_profiles_dir(profiles_dir)
@@ -226,7 +239,10 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             progress(f"not reusing cached profile {directory / cached.path_name}: {problem}; probing again")
         elif not force:
             progress(f"no cached profile for this device and model in {directory}; probing")
-        progress(f"model {model_facts['name']}: {model_facts['parameters']:,} parameters, {model_facts['keras_flavor']}")
+        optimized = "" if request.optimize == "none" else f", TFMOT {request.optimize}"
+        progress(
+            f"model {model_facts['name']}: {model_facts['parameters']:,} parameters, {model_facts['keras_flavor']}{optimized}"
+        )
         fork = _FreshWorkers(device, budget_bytes, progress)
         trials, final = _search(config, setup, workers, measure, progress, fork)
     finally:
@@ -410,6 +426,9 @@ def _build_profile(request, name, device, facts: DeviceFacts, fingerprint, key, 
             "tensorflow": model_facts["tensorflow"],
             "keras": _version("keras"),
             "python": platform.python_version(),
+            # The packages a TFMOT probe's model came from (package metadata: no import here).
+            **({"tf_keras": _version("tf-keras"), "tensorflow_model_optimization": _version("tensorflow-model-optimization")}
+               if request.optimize != "none" else {}),
         },
         device={
             "fingerprint": fingerprint,
@@ -429,6 +448,7 @@ def _build_profile(request, name, device, facts: DeviceFacts, fingerprint, key, 
             "inputs": model_facts["inputs"],
             "precision": request.precision,
             "optimizer": request.optimizer,
+            "optimize": request.optimize,
             "parameters": model_facts["parameters"],
             "keras_flavor": model_facts["keras_flavor"],
         },

@@ -105,7 +105,9 @@ def swap_grew(swap_before_bytes: int | None, swap_after_bytes: int | None) -> bo
 class TrialRunner:
     """Builds the training step for a model once and runs trials at any batch size."""
 
-    def __init__(self, model, *, optimizer: str = "adam", device: str = "CPU:0"):
+    def __init__(self, model, *, optimizer: str = "adam", device: str = "CPU:0", callbacks: list | tuple = ()):
+        """`callbacks`: Keras callbacks the loop drives as `fit` would (set_model and on_train_begin
+        now, on_train_batch_begin before each step), e.g. TFMOT's UpdatePruningStep (zoo.training_callbacks)."""
         import tensorflow as tf
 
         from edgebatch.zoo import keras_flavor
@@ -120,9 +122,14 @@ class TrialRunner:
         self.optimizer = make_optimizer(self.keras, optimizer)
         self.loss = make_loss(self.keras, self.target)
         self.trace_count = 0
+        self.callbacks = list(callbacks)
+        self.steps_run = 0
         with tf.device(device):
             self.optimizer.build(model.trainable_variables)
-        self._step = self._build_step()
+            for callback in self.callbacks:
+                callback.set_model(model)
+                callback.on_train_begin()
+        self._train_step = self._build_step()
 
     def _build_step(self):
         import tensorflow as tf
@@ -144,6 +151,13 @@ class TrialRunner:
             return loss
 
         return train_step
+
+    def _step(self, x, y):
+        """One training step (the traced train_step), after the callbacks' on_train_batch_begin."""
+        for callback in self.callbacks:
+            callback.on_train_batch_begin(self.steps_run)
+        self.steps_run += 1
+        return self._train_step(x, y)
 
     def make_batch(self, batch: int):
         import tensorflow as tf
@@ -334,7 +348,13 @@ def target_spec(model) -> TargetSpec:
     if len(model.outputs) != 1:
         raise UsageError(f"model has {len(model.outputs)} outputs: the probe supports single-output models")
     shape = tuple(int(d) for d in model.outputs[0].shape[1:])
-    activation = getattr(getattr(model.layers[-1], "activation", None), "__name__", "linear")
+    last = model.layers[-1]
+    # TFMOT wraps layers (QuantizeWrapper, PruneLowMagnitude) and QAT wraps their activations
+    # (QuantizeAwareActivation): the activation is the one inside.
+    last = getattr(last, "layer", last)
+    activation = getattr(last, "activation", None)
+    activation = getattr(activation, "activation", activation)
+    activation = getattr(activation, "__name__", "linear")
     width = shape[-1] if shape else 1
     if width > 1 and len(shape) == 1:
         return TargetSpec("classification", (), width, from_logits=activation != "softmax")

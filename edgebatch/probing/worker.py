@@ -85,6 +85,9 @@ class WorkerSetup:
     model_spec: str
     precision: str = "float32"
     optimizer: str = "adam"
+    # "qat" or "prune": wrap the model with TFMOT (zoo.optimize_model); only then does the worker
+    # import tensorflow_model_optimization.
+    optimize: str = "none"
     device: str = "CPU:0"
     steps_per_trial: int = DEFAULT_STEPS_PER_TRIAL
     trial_seconds: float = DEFAULT_TRIAL_SECONDS
@@ -473,6 +476,20 @@ BASELINE_FIELDS = {
 }
 
 
+def _base_model_facts(base_model, optimize: str) -> dict:
+    """For a TFMOT-wrapped model: the name and architecture hash of the model before wrapping.
+
+    The model key records the optimisation itself; the wrapped model's config carries TFMOT's
+    quantize configs and schedules, whose text is TFMOT's business, not the architecture's.
+    """
+    if optimize == "none":
+        return {"optimize": "none"}
+    from edgebatch.probing.trial import architecture_description
+    from edgebatch.profiles.fingerprint import config_hash
+
+    return {"optimize": optimize, "name": base_model.name, "config_hash": config_hash(architecture_description(base_model))}
+
+
 def worker_main() -> int:
     _die_with_parent()
     setup = WorkerSetup(**json.loads(sys.stdin.readline()))
@@ -489,15 +506,22 @@ def worker_main() -> int:
 
         from edgebatch.probing.trial import TrialRunner
         from edgebatch.sensors import enable_memory_growth
-        from edgebatch.zoo import build_model, parse_model_spec
+        from edgebatch.zoo import (
+            build_base_model,
+            optimize_model,
+            parse_model_spec,
+            training_callbacks,
+        )
 
         gpu_details = {}
         if ordinal is not None:
             enable_memory_growth()
             gpu_details = _gpu_details(tf, ordinal)
         with tf.device(setup.device):
-            model = build_model(parse_model_spec(setup.model_spec), setup.precision)
-        runner = TrialRunner(model, optimizer=setup.optimizer, device=setup.device)
+            base_model = build_base_model(parse_model_spec(setup.model_spec), setup.precision, setup.optimize)
+            model = optimize_model(base_model, setup.optimize)
+        runner = TrialRunner(model, optimizer=setup.optimizer, device=setup.device,
+                             callbacks=training_callbacks(model, setup.optimize))
         # Trace now, at batch 1, so that no trial pays for tracing (the signature has batch None).
         runner.run_steps(1, 1)
         prewarm_seconds = []
@@ -528,6 +552,7 @@ def worker_main() -> int:
                 "prewarm_step_seconds": statistics.median(prewarm_seconds) if prewarm_seconds else None,
                 "gpu": gpu_details or None,
                 **runner.model_facts(),
+                **_base_model_facts(base_model, setup.optimize),
             }
         )
     except UsageError as error:

@@ -91,12 +91,21 @@ def _limit_slug(limit_bytes: int) -> str:
 
 
 def model_key(
-    name: str, config_hash: str, inputs: list[dict], precision: str, optimizer: str, tf_version: str
+    name: str,
+    config_hash: str,
+    inputs: list[dict],
+    precision: str,
+    optimizer: str,
+    tf_version: str,
+    optimize: str = "none",
 ) -> str:
     """A file-name-safe key for a model and its training setup, e.g. 'mobilenet_v2-float32-adam-tf2.21-1a2b3c4d'.
 
     The hash covers every argument (TensorFlow as major.minor: a patch release does not change
-    kernels' memory use enough to re-probe, a minor release can).
+    kernels' memory use enough to re-probe, a minor release can). A TFMOT `optimize` ("qat",
+    "prune") joins the slug after the optimizer ('mobilenet_v2-float32-adam-qat-tf2.21-...') and
+    the hash; "none" leaves both as they were before optimisations were counted, so older
+    profiles are still found.
     """
     if not isinstance(inputs, (list, tuple)):
         raise ValueError(f"inputs must be a list of {{'shape': [...], 'dtype': ...}} dicts, got {inputs!r}")
@@ -113,9 +122,11 @@ def model_key(
         _slug(name, _MAX_NAME_SLUG_CHARS, keep="_.") or "model",
         _slug(precision, _MAX_NAME_SLUG_CHARS, keep="_.") or "precision",
         _slug(optimizer, _MAX_NAME_SLUG_CHARS, keep="_.") or "optimizer",
-        f"tf{_slug(tf_minor, 16, keep='.')}",
-        _short_hash(facts, 8),
     ]
+    if optimize is not None and str(optimize) != "none":
+        facts["optimize"] = str(optimize)
+        parts.append(_slug(optimize, _MAX_NAME_SLUG_CHARS, keep="_.") or "optimize")
+    parts += [f"tf{_slug(tf_minor, 16, keep='.')}", _short_hash(facts, 8)]
     return "-".join(parts)
 
 
