@@ -43,11 +43,14 @@ at most ceiling / replicas: pass the smallest device's ceiling times the replica
 replica fails the whole micro-step (no replica adds anything: the accumulator updates wait for a
 scalar all-reduce of every replica's readiness) and the retry shrinks all replicas together;
 injected OOMs (injection.py) fail the last replica's step with a real allocation failure inside
-its graph. BatchNormalization under a strategy normalizes each replica's share by its own
-statistics (the per-replica batch is the global piece / replicas), so it is further from the plain
-loop than without one; fit's batch_norm options apply unchanged (SyncBatchNormalization is
-detected and treated like BatchNormalization, not synchronised by fit). Tested on two logical CPU
-devices; multi-GPU runs (NCCL all-reduce) are not tested here.
+its graph (which takes ~10 s on CPU: TensorFlow's allocator waits for memory before it gives up).
+Checkpoints hold the mirrored variables and resume as above. BatchNormalization under a strategy
+normalizes each replica's share by its own statistics (the per-replica batch is the global piece /
+replicas), so it is further from the plain loop than without one; fit's batch_norm options apply
+unchanged. Layers that synchronise statistics across replicas (BatchNormalization(synchronized=True),
+tf_keras SyncBatchNormalization) use the global piece's statistics; fit treats them like any
+BatchNormalization (untested). Tested on two logical CPU devices; multi-GPU runs (NCCL all-reduce)
+are not tested here.
 
 Only OOMs that TensorFlow raises can be recovered. On CPU with TensorFlow's default oneDNN kernels,
 running out of address space can crash the process instead (docs/tensorflow-memory.md, "oneDNN
