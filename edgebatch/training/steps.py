@@ -47,7 +47,6 @@ __all__ = [
     "per_example_loss",
     "random_layers",
     "mirrored_strategy_of",
-    "refuse_distribution_strategy",
     "refuse_unsupported_precision",
 ]
 
@@ -109,25 +108,6 @@ def random_layers(model: Any) -> list[str]:
         for layer in _all_layers(model)
         if getattr(layer, "_seed_generators", None) or getattr(layer, "_random_generator", None) is not None
     ]
-
-
-def refuse_distribution_strategy(model: Any) -> None:
-    """UsageError when a tf.distribute strategy (other than the default) is active or built the model.
-
-    fit runs every micro-step on one device with plain accumulator variables; under a strategy it
-    would silently train one replica (or fail deep inside a replica context).
-    """
-    import tensorflow as tf
-
-    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    # Keras 3 records the strategy a model was built under in `_distribute_strategy`, tf_keras in
-    # `_distribution_strategy`: calling fit outside the scope does not make its variables local.
-    strategy = strategy or getattr(model, "_distribute_strategy", None) or getattr(model, "_distribution_strategy", None)
-    if strategy is not None:
-        raise UsageError(
-            f"edgebatch.training.fit does not support tf.distribute strategies yet, got {type(strategy).__name__}: "
-            "build the model and call fit outside any strategy.scope() (one device)"
-        )
 
 
 def mirrored_strategy_of(model: Any, optimizer: Any) -> Any:
