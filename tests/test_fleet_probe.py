@@ -21,7 +21,12 @@ import pytest
 
 from edgebatch.errors import UsageError
 from edgebatch.fleet.cluster import address_problem, node_directory
-from edgebatch.fleet.nodes import DeviceResult, format_results, node_label, targets_from_ray_nodes
+from edgebatch.fleet.nodes import (
+    DeviceResult,
+    format_results,
+    node_label,
+    targets_from_ray_nodes,
+)
 from edgebatch.fleet.remote import node_budget
 from edgebatch.profiles import load_profile
 

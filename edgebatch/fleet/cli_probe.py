@@ -13,10 +13,10 @@ from edgebatch.fleet.cluster import DEFAULT_NODE_TIMEOUT_SECONDS, NODES_SUBDIR
 from edgebatch.probing.budget import MEMORY_BUDGET_ENV
 
 _FLEET_BUDGET_HELP = (
-    "Budget for every node's devices (e.g. 6GiB). Default: each node's own ${env} if its environment sets it "
-    "(e.g. `{env}=6GiB ray start ...`), else its device default (available RAM or cgroup room on CPU, "
+    f"Budget for every node's devices (e.g. 6GiB). Default: each node's own ${MEMORY_BUDGET_ENV} if its environment sets it "
+    f"(e.g. `{MEMORY_BUDGET_ENV}=6GiB ray start ...`), else its device default (available RAM or cgroup room on CPU, "
     "NVML free memory on GPU)."
-).format(env=MEMORY_BUDGET_ENV)
+)
 
 
 @click.command()

@@ -63,7 +63,7 @@ class DocstringCorpus:
             digest.update(b"\0")
         return f"py{self.python_version}-{len(self)}-{digest.hexdigest()[:12]}"
 
-    def subset(self, indices) -> "DocstringCorpus":
+    def subset(self, indices) -> DocstringCorpus:
         indices = list(indices)
         return DocstringCorpus(
             texts=tuple(self.texts[i] for i in indices),
@@ -162,7 +162,7 @@ class Vocabulary:
     tokens: tuple[str, ...]
 
     @classmethod
-    def build(cls, texts, *, max_size: int = 20000, min_count: int = 2) -> "Vocabulary":
+    def build(cls, texts, *, max_size: int = 20000, min_count: int = 2) -> Vocabulary:
         if max_size < 3:
             raise ValueError(f"max_size must leave room for padding, unknown and a token, got {max_size!r}")
         counts = Counter(token for text in texts for token in tokenize(text))
