@@ -37,6 +37,8 @@ def test_bad_options_are_usage_errors():
         cached_profile("mlp", precision="fp8")
     with pytest.raises(UsageError, match="optimizer 'lamb'"):
         cached_profile("mlp", optimizer="lamb")
+    with pytest.raises(UsageError, match="optimize 'int8'"):
+        cached_profile("mlp", optimize="int8")
 
 
 @pytest.mark.parametrize("flavor", ["keras", "tf_keras"])

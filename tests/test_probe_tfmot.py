@@ -88,6 +88,15 @@ def test_pruned_probe_runs_its_steps_and_its_profile_is_found_again(tmp_path):
     again = probe(CNN, optimize="prune", profiles_dir=tmp_path, progress=lines.append, **SMALL)
     assert again.model["key"] == first.model["key"] and again.created_at == first.created_at
     assert any(line.startswith("reusing cached profile") for line in lines)
+    # Training code finds it too, by spec or by the unwrapped tf_keras model, without importing TFMOT.
+    from edgebatch import cached_profile
+    from edgebatch.zoo import build_base_model, parse_model_spec
+
+    found = cached_profile(CNN, optimize="prune", profiles_dir=tmp_path)
+    assert found is not None and found.model["key"] == first.model["key"]
+    base = build_base_model(parse_model_spec(CNN), optimize="prune")
+    assert cached_profile(base, optimize="prune", profiles_dir=tmp_path).model["key"] == first.model["key"]
+    assert cached_profile(CNN, optimize="qat", profiles_dir=tmp_path) is None
     assert "tensorflow_model_optimization" not in sys.modules and "TF_USE_LEGACY_KERAS" not in os.environ
 
 

@@ -14,7 +14,7 @@ from edgebatch.errors import UsageError
 from edgebatch.probing.budget import default_device, device_facts
 from edgebatch.profiles import DeviceProfile, find_profile, model_key, resolve_profiles_dir
 from edgebatch.profiles.fingerprint import config_hash
-from edgebatch.zoo import OPTIMIZERS, PRECISIONS, build_model, parse_model_spec
+from edgebatch.zoo import OPTIMIZATIONS, OPTIMIZERS, PRECISIONS, build_base_model, parse_model_spec
 
 
 def cached_profile(
@@ -23,25 +23,31 @@ def cached_profile(
     device: str | None = None,
     precision: str = "float32",
     optimizer: str = "adam",
+    optimize: str = "none",
     profiles_dir: str | Path | None = None,
 ) -> DeviceProfile | None:
     """The cached DeviceProfile for `model` on `device` (default: the probe's default), or None.
 
     `model` is a Keras model object (Keras 3 or tf_keras) or what `edgebatch probe` takes: a
     built-in name, "FILE.py:FUNCTION" or a ".keras" path (built here to compute its key).
-    `precision` and `optimizer` must be the ones the profile was probed with.
+    `precision`, `optimizer` and `optimize` must be the ones the profile was probed with. For
+    `optimize` "qat" or "prune", give the model as the probe was given it, before TFMOT wrapped it
+    (a tf_keras model; a name or file is built with tf_keras, as the probe builds it): the key
+    names the model by its unwrapped architecture. This does not import TFMOT.
     """
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     if optimizer not in OPTIMIZERS:
         raise UsageError(f"unknown optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+    if optimize not in OPTIMIZATIONS:
+        raise UsageError(f"unknown optimize {optimize!r}: choose one of {', '.join(OPTIMIZATIONS)}")
     import tensorflow as tf
 
     from edgebatch.probing.trial import architecture_description, input_specs
 
     if isinstance(model, str):
         spec = parse_model_spec(model)
-        model = _build_keeping_dtype_policy(spec, precision)
+        model = _build_keeping_dtype_policy(spec, precision, optimize)
         # The probe names built-ins by their name, everything else by the model's own name.
         name = spec.name if spec.kind == "builtin" else model.name
     else:
@@ -49,16 +55,25 @@ def cached_profile(
     facts = device_facts((device or default_device()).upper())
     fingerprint = facts.fingerprint
     inputs = [{"shape": list(spec.shape), "dtype": spec.dtype} for spec in input_specs(model)]
-    key = model_key(name, config_hash(architecture_description(model)), inputs, precision, optimizer, tf.__version__)
+    key = model_key(name, config_hash(architecture_description(model)), inputs, precision, optimizer, tf.__version__,
+                    optimize=optimize)
     return find_profile(resolve_profiles_dir(profiles_dir), fingerprint, key)
 
 
-def _build_keeping_dtype_policy(spec, precision: str):
-    """build_model sets Keras's global dtype policy; the caller's training code keeps its own."""
+def _build_keeping_dtype_policy(spec, precision: str, optimize: str = "none"):
+    """The model the probe keys (before any TFMOT wrapping). Building it sets the global dtype
+    policy of Keras (and of tf_keras when optimising); the caller's training code keeps its own."""
     import keras
 
     policy = keras.mixed_precision.global_policy()
+    legacy_policy = None
+    if optimize != "none":
+        import tf_keras
+
+        legacy_policy = tf_keras.mixed_precision.global_policy()
     try:
-        return build_model(spec, precision)
+        return build_base_model(spec, precision, optimize)
     finally:
         keras.mixed_precision.set_global_policy(policy)
+        if legacy_policy is not None:
+            tf_keras.mixed_precision.set_global_policy(legacy_policy)
