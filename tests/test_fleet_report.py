@@ -127,7 +127,7 @@ def test_throughput_at_batch_measured_interpolated_unmeasured_and_unsteady():
         make_trial(64, None, ok=False, error="oom"),
     )
     measured = throughput_at_batch(trials, 16)
-    assert (measured.basis, measured.samples_per_second, measured.steady) == ("measured", pytest.approx(160), None)
+    assert (measured.basis, measured.samples_per_second, measured.steady) == ("measured", pytest.approx(160), True)
     between = throughput_at_batch(trials, 12)
     assert (between.basis, between.samples_per_second) == ("interpolated", pytest.approx(120))
     resting_on_warmup = throughput_at_batch(trials, 24)
@@ -135,6 +135,11 @@ def test_throughput_at_batch_measured_interpolated_unmeasured_and_unsteady():
     assert resting_on_warmup.steady is False
     assert throughput_at_batch(trials, 48).basis == "unmeasured"  # the failed trial has no rate
     assert throughput_at_batch(trials, 4).samples_per_second is None
+    # The plan's curve: a warm-up-timed figure between steady ones gives way to them, repeats give their median.
+    between_steady = trials + (make_trial(64, 1400, step_seconds=0.1), make_trial(16, 1000, step_seconds=0.2))
+    assert throughput_at_batch(between_steady, 16).samples_per_second == pytest.approx((160 + 80) / 2)
+    assert throughput_at_batch(between_steady, 32).samples_per_second == pytest.approx(120 + (640 - 120) / 3)
+    assert throughput_at_batch(between_steady, 32).steady is True
 
 
 def test_committed_profiles_report_without_flags():
@@ -243,8 +248,10 @@ def test_report_json_is_plain_data(fleet):
     assert json.loads(json.dumps(data)) == data
     assert {row["host"] for row in data["rows"]} >= {"node-a", "node-b", "node-c", HOSTILE_HOST, "device_profiles"}
     node_d = next(row for row in data["rows"] if row["host"] == HOSTILE_HOST)
-    assert node_d["samples_per_second_basis"] == "interpolated"  # 48 between trials at 32 and 64
-    assert node_d["samples_per_second_steady"] is False  # the trial at 32 timed its warm-up
+    assert node_d["samples_per_second_basis"] == "interpolated"  # 48 lies between trials
+    # The trial at 32 timed its warm-up: steady figures stand on both sides, so (as in the plan) it
+    # gives way to them and the rate at 48 is a steady one; the row still names the batch.
+    assert node_d["samples_per_second_steady"] is True
     assert node_d["unsteady_batches"] == [32]
     assert data["invalid"][0]["error"]
 

@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from edgebatch.errors import EdgebatchError
+from edgebatch.fleet.plan import throughput_points
 from edgebatch.profiles.fingerprint import tf_major_minor
 from edgebatch.profiles.model import DeviceProfile, Trial
 from edgebatch.profiles.schema import SCHEMA_VERSION
@@ -94,11 +95,13 @@ class Flag:
 class Throughput:
     """Samples per second at one batch size, and how it was obtained.
 
-    `basis` is "measured" (a trial ran at exactly that batch; repeats averaged), "interpolated"
-    (linearly in batch between the nearest successful trials below and above) or "unmeasured" (no
-    successful timed trial on both sides; `samples_per_second` is None). `steady` is False when a
-    trial it rests on timed its warm-up step (trial.steady is False), True when all of them say
-    they were steady-state, None when they do not say (profiles written before edgebatch recorded it).
+    The figures are the fleet plan's (plan.throughput_points: successful measured trials, the
+    median of steady-state ones at a batch, warm-up-timed ones only where no steady figure stands
+    on both sides), so the report and the plan never quote two rates for one device and batch.
+    `basis` is "measured" (a figure at exactly that batch), "interpolated" (linearly in batch
+    between the nearest figures below and above) or "unmeasured" (no figure on both sides;
+    `samples_per_second` is None). `steady` is False when a figure it rests on timed its warm-up
+    step, else True (trials of profiles written before edgebatch recorded it count as steady).
     """
 
     batch: int
@@ -108,32 +111,19 @@ class Throughput:
 
 
 def throughput_at_batch(trials: Sequence[Trial], batch: int) -> Throughput:
-    """Samples/s at `batch` from the successful, measured, timed trials (see Throughput)."""
-    by_batch: dict[int, list[Trial]] = defaultdict(list)
-    for trial in trials:
-        if trial.ok and trial.measured and trial.samples_per_second:
-            by_batch[trial.batch].append(trial)
-    if batch in by_batch:
-        used = by_batch[batch]
-        rate = sum(t.samples_per_second for t in used) / len(used)
-        return Throughput(batch, rate, "measured", _steadiness(used))
-    below = [b for b in by_batch if b < batch]
-    above = [b for b in by_batch if b > batch]
+    """Samples/s at `batch` on the throughput curve the fleet plan uses (see Throughput)."""
+    points = throughput_points(trials)
+    for point in points:
+        if point.batch == batch:
+            return Throughput(batch, point.samples_per_second, "measured", point.steady)
+    below = [point for point in points if point.batch < batch]
+    above = [point for point in points if point.batch > batch]
     if not below or not above:
         return Throughput(batch, None, "unmeasured", None)
-    low, high = max(below), min(above)
-    low_rate = sum(t.samples_per_second for t in by_batch[low]) / len(by_batch[low])
-    high_rate = sum(t.samples_per_second for t in by_batch[high]) / len(by_batch[high])
-    rate = low_rate + (high_rate - low_rate) * (batch - low) / (high - low)
-    return Throughput(batch, rate, "interpolated", _steadiness(by_batch[low] + by_batch[high]))
-
-
-def _steadiness(trials: Sequence[Trial]) -> bool | None:
-    if any(t.steady is False for t in trials):
-        return False
-    if trials and all(t.steady is True for t in trials):
-        return True
-    return None
+    low, high = below[-1], above[0]
+    fraction = (batch - low.batch) / (high.batch - low.batch)
+    rate = low.samples_per_second + (high.samples_per_second - low.samples_per_second) * fraction
+    return Throughput(batch, rate, "interpolated", low.steady and high.steady)
 
 
 @dataclass(frozen=True)
