@@ -3,8 +3,8 @@
 Under mixed_bfloat16 the layers compute in bfloat16 (8 bits of mantissa) and keep float32
 variables, so no loss scaling is needed and fit's accumulators stay float32. Exactness to 1e-4, as
 in float32, is not on offer: the plain loop itself lands 2.4e-4 away from its float32 run after
-these 4 updates (weights up to 0.74). Measured on this model, fit against the plain bfloat16 loop:
-1.8e-4 to 2.5e-4 for every split and injected OOM tried. The tolerance below, 1e-3, is four times
+these 4 updates (weights up to 0.74). Measured by hand on this model, fit against the plain
+bfloat16 loop: 1.8e-4 to 2.5e-4 for every split and injected OOM tried. The tolerance below, 1e-3, is four times
 that; leaving one example out of one update moves the plain loop 0.025 (checked in the test, so
 the tolerance tells a lost example from rounding).
 """
