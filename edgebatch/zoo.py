@@ -30,7 +30,14 @@ BUILTIN_MODELS: dict[str, str] = {
     "mlp": "3-layer MLP, 784 inputs, 10 classes",
     "small_cnn": "3-conv CNN, 64x64x3 input, 10 classes",
     "text_cnn": "Embedding(20000, 128) + Conv1D text classifier, 256 tokens, 2 classes",
+    "transformer_tiny": "2-block Transformer encoder (width 64, 4 heads), tokens of any length up to 512 "
+                        "(0 = padding), 4096-id vocabulary, 8 classes",
+    "lstm_small": "Embedding(4096, 64) + LSTM(128), tokens of any length (0 = padding), 8 classes",
 }
+# Built-ins whose input has a variable sequence axis (shape (None,)), with the longest sequence
+# each is meant for (the position embedding's size; the docstrings corpus encoded to 512 tokens
+# for the LSTM): the top of the default `--seq-lens` ladder (probing/token_fit.py).
+SEQUENCE_MODEL_MAX_LENGTHS: dict[str, int] = {"transformer_tiny": 512, "lstm_small": 512}
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("adam", "sgd")
 # TFMOT wrappers the probe can apply: quantization-aware training, magnitude pruning.
@@ -208,6 +215,10 @@ def _build_builtin(name: str, keras=None):
             ],
             name="text_cnn",
         )
+    if name in SEQUENCE_MODEL_MAX_LENGTHS:
+        from edgebatch.text import models as text_models
+
+        return getattr(text_models, name)(keras)
     raise UsageError(f"unknown built-in model {name!r}")
 
 
