@@ -33,7 +33,7 @@ from edgebatch.errors import EdgebatchError
 from edgebatch.fleet.plan import throughput_points
 from edgebatch.profiles.fingerprint import tf_major_minor
 from edgebatch.profiles.model import DeviceProfile, Trial
-from edgebatch.profiles.schema import SCHEMA_VERSION
+from edgebatch.profiles.schema import ANSWERS_UNCHANGED_SINCE, SCHEMA_VERSION
 
 #: Ceilings of the same hardware and model on different hosts further apart than this are outliers.
 OUTLIER_SPREAD_FRACTION = 0.10
@@ -51,6 +51,8 @@ class RunningVersions:
     schema_version: int
     edgebatch: str | None
     tensorflow: str | None
+    # Profiles of an older schema than this are stale: their answers meant something else.
+    answers_unchanged_since: int = ANSWERS_UNCHANGED_SINCE
 
 
 def running_versions() -> RunningVersions:
@@ -392,7 +394,8 @@ def _with_flags(row: ProfileRow, flags: tuple[Flag, ...]) -> ProfileRow:
 
 def _stale_flags(row: ProfileRow, running: RunningVersions) -> list[Flag]:
     reasons = []
-    if row.schema_version != running.schema_version:
+    # Schema 2 only added per-length fields: a version-1 profile's answers mean what they meant.
+    if row.schema_version < running.answers_unchanged_since:
         reasons.append(f"schema {row.schema_version}, this edgebatch writes {running.schema_version}")
     if running.tensorflow is not None:
         if row.tensorflow_version is None:

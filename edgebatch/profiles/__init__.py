@@ -5,7 +5,7 @@ layout are documented in device_profiles/README.md.
 """
 
 from edgebatch.profiles.fingerprint import config_hash, device_fingerprint, model_key
-from edgebatch.profiles.model import DeviceProfile, MemoryModel, Trial, utc_now_iso
+from edgebatch.profiles.model import DeviceProfile, LengthCeiling, MemoryModel, TokenMemoryModel, Trial, utc_now_iso
 from edgebatch.profiles.schema import PROFILE_SCHEMA, SCHEMA_VERSION, profile_problem, validate_profile_dict
 from edgebatch.profiles.store import (
     LOCK_TIMEOUT_SECONDS,
@@ -24,7 +24,9 @@ __all__ = [
     "PROFILES_ENV_VAR",
     "SCHEMA_VERSION",
     "DeviceProfile",
+    "LengthCeiling",
     "MemoryModel",
+    "TokenMemoryModel",
     "Trial",
     "config_hash",
     "device_fingerprint",

@@ -42,6 +42,8 @@ class Trial:
     # False when samples_per_second timed the warm-up step (one step longer than trial_seconds):
     # not steady-state throughput. None when not recorded (older profiles, trials that did not run).
     steady: bool | None = None
+    # The sequence length (tokens) of the trial's examples in a probe per length; None otherwise.
+    seq_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,57 @@ class MemoryModel:
 
 
 @dataclass(frozen=True)
+class LengthCeiling:
+    """The answer at one sequence length of a probe per length (`DeviceProfile.per_length`).
+
+    `peak_bytes` is the measured peak of the trial at `max_batch`; `measured` is False only for a
+    prediction from the token memory model (probing/token_fit.ceiling_at_length), never stored.
+    """
+
+    max_batch: int
+    safe_batch: int
+    peak_bytes: int | None
+    measured: bool = True
+
+
+@dataclass(frozen=True)
+class TokenMemoryModel:
+    """peak_bytes = fixed_bytes + per_token_bytes x B x L + per_token_squared_bytes x B x L^2.
+
+    B is the batch, L the sequence length in tokens; least squares over the trials of every probed
+    length (probing/token_fit.py). `lengths` are the lengths whose readings were fitted.
+    """
+
+    fixed_bytes: float
+    per_token_bytes: float
+    per_token_squared_bytes: float
+    r2: float
+    points: int
+    lengths: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lengths, tuple):
+            object.__setattr__(self, "lengths", tuple(self.lengths))
+
+    def per_sample_bytes(self, length: int) -> float:
+        """What one more sample of `length` tokens adds to the peak."""
+        return self.per_token_bytes * length + self.per_token_squared_bytes * length * length
+
+    def predict_bytes(self, batch: int, length: int) -> float:
+        return self.fixed_bytes + self.per_sample_bytes(length) * batch
+
+    def line_at(self, length: int) -> MemoryModel:
+        """The model at one length as a line in batch, the form the search steers by."""
+        return MemoryModel(
+            fixed_bytes=self.fixed_bytes, per_sample_bytes=self.per_sample_bytes(length), r2=self.r2, points=self.points
+        )
+
+    def batch_for_bytes(self, budget_bytes: float, length: int) -> int:
+        """Largest batch of `length`-token samples whose predicted peak fits `budget_bytes` (0 if none)."""
+        return self.line_at(length).batch_for_bytes(budget_bytes)
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     """The cached result of one probe: one device (fingerprint) x one model (key).
 
@@ -113,6 +166,11 @@ class DeviceProfile:
     trials: tuple[Trial, ...]
     probe_seconds: float
     search: dict
+    # A probe per sequence length (schema 2): length -> its ceiling, and the token memory model
+    # fitted over every length. None for other probes and in schema-1 files. The fields above are
+    # then the answer at the longest length, which every shorter length fits too.
+    per_length: dict[int, LengthCeiling] | None = None
+    token_model: TokenMemoryModel | None = None
 
     def __post_init__(self) -> None:
         # A probe naturally collects trials in a list; store a tuple whatever was passed, so the
@@ -154,6 +212,13 @@ class DeviceProfile:
             "probe_seconds": self.probe_seconds,
             "search": copy.deepcopy(self.search),
         }
+        if self.per_length is not None:
+            data["per_length"] = {
+                str(length): {"max_batch": c.max_batch, "safe_batch": c.safe_batch, "peak_bytes": c.peak_bytes}
+                for length, c in sorted(self.per_length.items())
+            }
+        if self.token_model is not None:
+            data["token_model"] = _token_model_dict(self.token_model)
         return _plain(data)
 
     @classmethod
@@ -189,6 +254,13 @@ class DeviceProfile:
             trials=tuple(_trial_from_dict(trial) for trial in data["trials"]),
             probe_seconds=float(data["probe_seconds"]),
             search=copy.deepcopy(data["search"]),
+            per_length=None
+            if data.get("per_length") is None
+            else {
+                int(length): LengthCeiling(entry["max_batch"], entry["safe_batch"], entry["peak_bytes"])
+                for length, entry in data["per_length"].items()
+            },
+            token_model=None if data.get("token_model") is None else _token_model_from_dict(data["token_model"]),
         )
 
 
@@ -211,6 +283,7 @@ def _trial_dict(trial: Trial) -> dict:
         "fresh": trial.fresh,
         "settled": trial.settled,
         "steady": trial.steady,
+        **({"seq_len": trial.seq_len} if trial.seq_len is not None else {}),
     }
 
 
@@ -233,6 +306,7 @@ def _trial_from_dict(data: dict) -> Trial:
         fresh=data.get("fresh", False),
         settled=data.get("settled"),
         steady=data.get("steady"),
+        seq_len=data.get("seq_len"),
     )
 
 
@@ -243,6 +317,28 @@ def _memory_model_dict(memory_model: MemoryModel) -> dict:
         "r2": memory_model.r2,
         "points": memory_model.points,
     }
+
+
+def _token_model_dict(model: TokenMemoryModel) -> dict:
+    return {
+        "fixed_bytes": model.fixed_bytes,
+        "per_token_bytes": model.per_token_bytes,
+        "per_token_squared_bytes": model.per_token_squared_bytes,
+        "r2": model.r2,
+        "points": model.points,
+        "lengths": list(model.lengths),
+    }
+
+
+def _token_model_from_dict(data: dict) -> TokenMemoryModel:
+    return TokenMemoryModel(
+        fixed_bytes=float(data["fixed_bytes"]),
+        per_token_bytes=float(data["per_token_bytes"]),
+        per_token_squared_bytes=float(data["per_token_squared_bytes"]),
+        r2=float(data["r2"]),
+        points=data["points"],
+        lengths=tuple(data["lengths"]),
+    )
 
 
 def _plain(value: Any) -> Any:

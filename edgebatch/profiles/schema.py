@@ -16,8 +16,15 @@ from typing import Any
 
 from edgebatch.errors import ProfileError
 
-#: Bumped when a field changes meaning or a required field is added; a reader refuses newer files.
-SCHEMA_VERSION = 1
+#: Bumped when a field changes meaning or a field is added; a reader refuses newer files.
+#: 2: a probe per sequence length adds `per_length`, `token_model` and the trials' `seq_len`.
+SCHEMA_VERSION = 2
+#: Older versions this edgebatch still reads. Version 2 only added optional fields, so a version-1
+#: file means what it always meant (its answers are not stale for it: fleet/report.py).
+READABLE_SCHEMA_VERSIONS = (1, 2)
+#: The oldest schema whose answers (max_batch, safe_batch, ...) mean what this one's do: a fleet
+#: report calls profiles of an older schema stale.
+ANSWERS_UNCHANGED_SINCE = 1
 
 REPROBE_FIX = "delete it or re-run `edgebatch probe --force`"
 
@@ -60,6 +67,34 @@ _TRIAL_SCHEMA = {
         "fresh": {"type": "boolean", "default": False},
         "settled": {"type": ["boolean", "null"], "default": None},
         "steady": {"type": ["boolean", "null"], "default": None},
+        # Schema 2: the sequence length of a probe per length's trial.
+        "seq_len": {"type": ["integer", "null"], "minimum": 1, "default": None},
+    },
+}
+
+# Schema 2, probes per sequence length only (absent otherwise): keys are lengths in tokens.
+_PER_LENGTH_SCHEMA = {
+    "type": ["object", "null"],
+    "propertyNames": {"pattern": "^[1-9][0-9]*$"},
+    "additionalProperties": {
+        "type": "object",
+        "required": ["max_batch", "safe_batch", "peak_bytes"],
+        "additionalProperties": False,
+        "properties": {"max_batch": _BATCH, "safe_batch": _BATCH, "peak_bytes": _OPTIONAL_COUNT},
+    },
+}
+
+_TOKEN_MODEL_SCHEMA = {
+    "type": ["object", "null"],
+    "required": ["fixed_bytes", "per_token_bytes", "per_token_squared_bytes", "r2", "points", "lengths"],
+    "additionalProperties": False,
+    "properties": {
+        "fixed_bytes": {"type": "number"},
+        "per_token_bytes": {"type": "number", "minimum": 0},
+        "per_token_squared_bytes": {"type": "number", "minimum": 0},
+        "r2": {"type": "number"},
+        "points": {"type": "integer", "minimum": 3},
+        "lengths": {"type": "array", "minItems": 2, "items": {"type": "integer", "minimum": 1}},
     },
 }
 
@@ -106,7 +141,7 @@ PROFILE_SCHEMA: dict = {
     ],
     "additionalProperties": False,
     "properties": {
-        "schema_version": {"const": SCHEMA_VERSION},
+        "schema_version": {"enum": list(READABLE_SCHEMA_VERSIONS)},
         "created_at": _TEXT,
         "versions": {
             "type": "object",
@@ -189,6 +224,8 @@ PROFILE_SCHEMA: dict = {
         "predicted_ceiling": _OPTIONAL_COUNT,
         "trials": {"type": "array", "minItems": 1, "items": _TRIAL_SCHEMA},
         "probe_seconds": {"type": "number", "minimum": 0},
+        "per_length": _PER_LENGTH_SCHEMA,
+        "token_model": _TOKEN_MODEL_SCHEMA,
         "search": {
             "type": "object",
             "required": ["strategy", "start", "multiple", "max_batch_limit", "steps_per_trial"],
@@ -257,7 +294,7 @@ def _schema_version_problem(data: Any) -> str | None:
             f"was written by a newer edgebatch (schema {version}; this one reads {SCHEMA_VERSION}): "
             "upgrade edgebatch or re-probe with --force"
         )
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_SCHEMA_VERSIONS:
         return f"has unknown schema_version {version} (this edgebatch reads {SCHEMA_VERSION}); {REPROBE_FIX}"
     return None
 
@@ -268,6 +305,14 @@ def _cross_field_problem(data: dict) -> str | None:
             f"at $.safe_batch: safe_batch {data['safe_batch']} is larger than max_batch {data['max_batch']} "
             "(the safe batch fits a smaller budget)"
         )
+    for length, entry in sorted((data.get("per_length") or {}).items()):
+        if entry["safe_batch"] > entry["max_batch"]:
+            return (
+                f"at $.per_length.{length}.safe_batch: safe_batch {entry['safe_batch']} is larger than max_batch "
+                f"{entry['max_batch']} (the safe batch fits a smaller budget)"
+            )
+    if data["schema_version"] < 2 and any(key in data for key in ("per_length", "token_model")):
+        return "at $.schema_version: per_length and token_model need schema_version 2 or later"
     for path, name in (("$.device.fingerprint", data["device"]["fingerprint"]), ("$.model.key", data["model"]["key"])):
         if not SAFE_NAME_RE.match(name) or "__" in name:
             return (

@@ -1,0 +1,191 @@
+"""Peak memory of a sequence model against batch and length: peak = fixed + a x B x L + b x B x L^2.
+
+Pure: plain numbers in, numbers out (no TensorFlow, no NumPy). A probe per length
+(`edgebatch probe --seq-lens`, probing/per_length.py) searches the ceiling at each length and fits
+this model by least squares over the readings of every length: `a` is what each token of each
+sample costs (embeddings, feed-forward activations, an LSTM's states), `b` what each token costs
+per token of its sequence (attention scores and their softmax, B x heads x L x L). With the model
+a ceiling can be predicted at any length (`TokenMemoryModel.batch_for_bytes`,
+`ceiling_at_length`), and a length probed after two others starts its search at the prediction
+(`TokenMemoryModel.line_at`: the line in batch at that length).
+
+Also here: the `--seq-lens` text, the default ladder of lengths and the order they are probed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from edgebatch.errors import UsageError
+from edgebatch.profiles.model import LengthCeiling, MemoryModel, TokenMemoryModel
+
+# The default ladder doubles from this length up to the model's longest (64,128,256,512 for 512).
+LADDER_START_LENGTH = 64
+# The model is trusted with readings at two lengths or more, at least this many, this straight.
+MIN_FIT_POINTS = 4
+MIN_FIT_R2 = 0.98
+
+# (batch, length, peak_bytes) of a trial that measured a peak.
+TokenReading = tuple[int, int, float]
+
+__all__ = [
+    "LADDER_START_LENGTH", "LengthCeiling", "TokenMemoryModel", "TokenReading", "ceiling_at_length",
+    "default_lengths", "fit_token_model", "parse_seq_lens", "probe_order", "trusted",
+]
+
+
+def parse_seq_lens(text: str | Iterable[int] | None) -> tuple[int, ...] | None:
+    """'64,128,256' (or a sequence of ints) -> (64, 128, 256), sorted and unique; None stays None.
+
+    Anything else is a UsageError of one line.
+    """
+    if text is None:
+        return None
+    if isinstance(text, str):
+        parts = [part.strip() for part in text.split(",")]
+        if not text.strip() or not all(part.isdigit() for part in parts):
+            raise UsageError(f"--seq-lens expects token counts separated by commas, like 64,128,256; got {text!r}")
+        values = [int(part) for part in parts]
+    else:
+        values = list(text)
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise UsageError(f"seq_lens expects whole token counts, like (64, 128, 256); got {text!r}")
+    if min(values) < 1:
+        raise UsageError(f"--seq-lens must be 1 token or more, got {min(values)}")
+    return tuple(sorted(set(values)))
+
+
+def default_lengths(max_length: int, start: int = LADDER_START_LENGTH) -> tuple[int, ...]:
+    """Doublings from `start` below `max_length`, then `max_length` itself: 512 -> (64, 128, 256, 512).
+
+    A model shorter than `start` gets its half length and its length, so two lengths are still fitted.
+    """
+    if max_length < 1:
+        raise ValueError(f"max_length must be at least 1, got {max_length!r}")
+    if max_length <= start:
+        return tuple(sorted({max(1, max_length // 2), max_length}))
+    ladder, length = [], start
+    while length < max_length:
+        ladder.append(length)
+        length *= 2
+    return (*ladder, max_length)
+
+
+def probe_order(lengths: Sequence[int]) -> tuple[int, ...]:
+    """The order lengths are probed in: the shortest, the longest, then the rest, shortest first.
+
+    The first two are searched in full and fix the model over the whole range, so every later
+    length is predicted by interpolation and its search starts at the prediction.
+    """
+    ordered = sorted(set(lengths))
+    if len(ordered) <= 2:
+        return tuple(ordered)
+    return (ordered[0], ordered[-1], *ordered[1:-1])
+
+
+def fit_token_model(readings: Iterable[TokenReading]) -> TokenMemoryModel | None:
+    """Least squares of peak on (1, B x L, B x L^2), with a and b kept at or above zero.
+
+    When the free fit gives a negative coefficient (an LSTM has no quadratic term, and noise can
+    make it slightly negative), the best fit without that term is taken. None with readings at fewer
+    than two lengths or fewer than three readings: the terms cannot be told apart.
+    """
+    rows = [(float(b), float(length), float(peak)) for b, length, peak in readings]
+    lengths = sorted({int(length) for _, length, _ in rows})
+    if len(lengths) < 2 or len(rows) < 3:
+        return None
+    tokens = [b * length for b, length, _ in rows]
+    squared = [b * length * length for b, length, _ in rows]
+    peaks = [peak for _, _, peak in rows]
+    candidates = []
+    for use_a, use_b in ((True, True), (True, False), (False, True)):
+        columns = [[1.0] * len(rows)] + ([tokens] if use_a else []) + ([squared] if use_b else [])
+        solution = _least_squares(columns, peaks)
+        if solution is None:
+            continue
+        fixed, rest = solution[0], solution[1:]
+        a = rest.pop(0) if use_a else 0.0
+        b = rest.pop(0) if use_b else 0.0
+        if a < 0 or b < 0:
+            continue
+        candidates.append((_residual(fixed, a, b, rows), fixed, a, b))
+    if not candidates:
+        return None
+    residual, fixed, a, b = min(candidates)
+    mean = sum(peaks) / len(peaks)
+    total = sum((peak - mean) ** 2 for peak in peaks)
+    r2 = 1.0 if total == 0 else max(0.0, 1.0 - residual / total)
+    return TokenMemoryModel(
+        fixed_bytes=fixed, per_token_bytes=a, per_token_squared_bytes=b, r2=r2, points=len(rows), lengths=tuple(lengths)
+    )
+
+
+def trusted(model: TokenMemoryModel | None) -> bool:
+    """Readings at two lengths or more, enough of them, straight enough, growing with batch."""
+    return (
+        model is not None
+        and len(model.lengths) >= 2
+        and model.points >= MIN_FIT_POINTS
+        and model.r2 >= MIN_FIT_R2
+        and model.per_token_bytes + model.per_token_squared_bytes > 0
+    )
+
+
+def ceiling_at_length(
+    length: int,
+    *,
+    per_length: dict[int, LengthCeiling] | None,
+    token_model: TokenMemoryModel | None,
+    fit_budget_bytes: float,
+    headroom: float,
+    multiple: int = 1,
+) -> LengthCeiling:
+    """The ceiling at `length`: the probed one when it was probed, else the token model's prediction.
+
+    A prediction (`measured` False) is the largest batch (a multiple of `multiple`) whose predicted
+    peak fits `fit_budget_bytes` (the budget less the probe's measurement margin), and the safe
+    batch the same under `fit_budget_bytes x (1 - headroom)`; its `peak_bytes` is the predicted peak
+    at that batch. ValueError when it was not probed and there is no trusted model.
+    """
+    if per_length and length in per_length:
+        return per_length[length]
+    if not trusted(token_model):
+        raise ValueError(f"length {length} was not probed and the profile has no trusted token memory model")
+    top = token_model.batch_for_bytes(fit_budget_bytes, length) // multiple * multiple
+    safe = token_model.batch_for_bytes(fit_budget_bytes * (1 - headroom), length) // multiple * multiple
+    return LengthCeiling(
+        max_batch=top, safe_batch=min(safe, top), peak_bytes=int(token_model.predict_bytes(top, length)), measured=False
+    )
+
+
+def _residual(fixed: float, a: float, b: float, rows) -> float:
+    return sum((peak - (fixed + a * batch * length + b * batch * length * length)) ** 2 for batch, length, peak in rows)
+
+
+def _least_squares(columns: list[list[float]], targets: list[float]) -> list[float] | None:
+    """Solve the normal equations by Gaussian elimination with partial pivoting; None when singular.
+
+    Columns are scaled to unit size first (B x L^2 runs to 10^7 where the intercept column is 1).
+    """
+    scales = [max(abs(v) for v in column) or 1.0 for column in columns]
+    scaled = [[v / s for v in column] for column, s in zip(columns, scales)]
+    n = len(scaled)
+    matrix = [[sum(x * y for x, y in zip(scaled[i], scaled[j])) for j in range(n)] for i in range(n)]
+    vector = [sum(x * t for x, t in zip(scaled[i], targets)) for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(matrix[r][col]))
+        if abs(matrix[pivot][col]) < 1e-12 * max(1.0, max(abs(v) for row in matrix for v in row)):
+            return None
+        matrix[col], matrix[pivot] = matrix[pivot], matrix[col]
+        vector[col], vector[pivot] = vector[pivot], vector[col]
+        for row in range(col + 1, n):
+            factor = matrix[row][col] / matrix[col][col]
+            for k in range(col, n):
+                matrix[row][k] -= factor * matrix[col][k]
+            vector[row] -= factor * vector[col]
+    solution = [0.0] * n
+    for row in reversed(range(n)):
+        solution[row] = (vector[row] - sum(matrix[row][k] * solution[k] for k in range(row + 1, n))) / matrix[row][row]
+    return [value / s for value, s in zip(solution, scales)]
+

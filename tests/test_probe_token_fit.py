@@ -1,0 +1,111 @@
+"""The token memory model (edgebatch/probing/token_fit.py): tables of numbers, no TensorFlow."""
+
+import pytest
+
+from edgebatch.errors import UsageError
+from edgebatch.probing import token_fit
+from edgebatch.profiles import LengthCeiling, TokenMemoryModel
+
+MIB = 1024**2
+
+
+def exact(fixed, a, b, points):
+    return [(batch, length, fixed + a * batch * length + b * batch * length**2) for batch, length in points]
+
+
+@pytest.mark.parametrize(
+    ("fixed", "a", "b"),
+    [
+        (900 * MIB, 20_000.0, 60.0),  # attention: both terms
+        (700 * MIB, 35_000.0, 0.0),  # an LSTM: no quadratic term
+        (800 * MIB, 0.0, 150.0),  # quadratic only
+    ],
+)
+def test_exact_readings_give_back_the_coefficients(fixed, a, b):
+    points = [(8, 64), (16, 64), (32, 64), (300, 64), (8, 512), (16, 512), (40, 512), (60, 256)]
+    model = token_fit.fit_token_model(exact(fixed, a, b, points))
+    assert model.fixed_bytes == pytest.approx(fixed, rel=1e-9)
+    assert model.per_token_bytes == pytest.approx(a, rel=1e-6, abs=1e-6)
+    assert model.per_token_squared_bytes == pytest.approx(b, rel=1e-6, abs=1e-9)
+    assert model.r2 == pytest.approx(1.0)
+    assert model.points == len(points) and model.lengths == (64, 256, 512)
+    assert token_fit.trusted(model)
+
+
+def test_a_slightly_negative_quadratic_term_is_fitted_without_it():
+    # A linear landscape with noise that would pull b below zero: b is kept at 0, a absorbs it.
+    readings = exact(700 * MIB, 35_000.0, 0.0, [(8, 64), (64, 64), (256, 64), (8, 512), (32, 512), (64, 512)])
+    readings[-1] = (64, 512, readings[-1][2] - 2 * MIB)  # the longest, largest batch reads low
+    model = token_fit.fit_token_model(readings)
+    assert model.per_token_squared_bytes == 0.0 and model.per_token_bytes > 0
+
+
+def test_one_length_or_too_few_readings_fit_nothing():
+    assert token_fit.fit_token_model(exact(MIB, 1.0, 1.0, [(8, 64), (16, 64), (32, 64)])) is None
+    assert token_fit.fit_token_model(exact(MIB, 1.0, 1.0, [(8, 64), (16, 128)])) is None
+    assert not token_fit.trusted(None)
+
+
+def test_a_crooked_fit_is_not_trusted():
+    readings = [(8, 64, 1000 * MIB), (16, 64, 600 * MIB), (32, 64, 1500 * MIB), (8, 512, 700 * MIB), (16, 512, 2000 * MIB)]
+    model = token_fit.fit_token_model(readings)
+    assert model is None or not token_fit.trusted(model)
+
+
+def test_the_line_at_a_length_and_its_ceiling():
+    model = TokenMemoryModel(1000 * MIB, 10_000.0, 100.0, 0.999, 8, (64, 512))
+    per_sample = 10_000.0 * 256 + 100.0 * 256**2
+    assert model.per_sample_bytes(256) == per_sample
+    line = model.line_at(256)
+    assert line.fixed_bytes == 1000 * MIB and line.per_sample_bytes == per_sample
+    budget = 2000 * MIB
+    batch = model.batch_for_bytes(budget, 256)
+    assert model.predict_bytes(batch, 256) <= budget < model.predict_bytes(batch + 1, 256)
+    assert model.batch_for_bytes(budget, 64) > batch > model.batch_for_bytes(budget, 512)
+
+
+def test_a_ceiling_is_the_probed_one_where_probed_and_predicted_elsewhere():
+    model = TokenMemoryModel(1000 * MIB, 10_000.0, 100.0, 0.999, 8, (64, 512))
+    probed = {64: LengthCeiling(300, 270, 1900 * MIB), 512: LengthCeiling(20, 17, 1950 * MIB)}
+    kwargs = dict(per_length=probed, token_model=model, fit_budget_bytes=2000 * MIB, headroom=0.1)
+    assert token_fit.ceiling_at_length(64, **kwargs) == probed[64]
+    predicted = token_fit.ceiling_at_length(256, **kwargs)
+    assert not predicted.measured
+    assert predicted.max_batch == model.batch_for_bytes(2000 * MIB, 256)
+    assert predicted.safe_batch == model.batch_for_bytes(1800 * MIB, 256) < predicted.max_batch
+    assert predicted.peak_bytes <= 2000 * MIB
+    assert token_fit.ceiling_at_length(256, **kwargs, multiple=8).max_batch % 8 == 0
+    with pytest.raises(ValueError, match="no trusted token memory model"):
+        token_fit.ceiling_at_length(256, per_length=probed, token_model=None, fit_budget_bytes=1, headroom=0.1)
+
+
+@pytest.mark.parametrize(
+    ("text", "lengths"),
+    [("64,128,256,512", (64, 128, 256, 512)), (" 256, 64 ", (64, 256)), ("128,128", (128,)), ((32, 16), (16, 32)),
+     (None, None)],
+)
+def test_seq_lens_are_parsed_sorted_and_unique(text, lengths):
+    assert token_fit.parse_seq_lens(text) == lengths
+
+
+@pytest.mark.parametrize("text", ["", "64,,128", "64;128", "sixty", "64,-1", "0,64", "1.5"])
+def test_bad_seq_lens_are_one_line_usage_errors(text):
+    with pytest.raises(UsageError) as caught:
+        token_fit.parse_seq_lens(text)
+    assert "\n" not in str(caught.value) and "seq-lens" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("max_length", "ladder"),
+    [(512, (64, 128, 256, 512)), (300, (64, 128, 256, 300)), (64, (32, 64)), (128, (64, 128)), (10, (5, 10)), (1, (1,))],
+)
+def test_the_default_ladder_doubles_up_to_the_longest(max_length, ladder):
+    assert token_fit.default_lengths(max_length) == ladder
+
+
+@pytest.mark.parametrize(
+    ("lengths", "order"),
+    [((64, 128, 256, 512), (64, 512, 128, 256)), ((64, 256), (64, 256)), ((128,), (128,)), ((512, 64, 128), (64, 512, 128))],
+)
+def test_the_two_ends_are_probed_first(lengths, order):
+    assert token_fit.probe_order(lengths) == order
