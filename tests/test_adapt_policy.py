@@ -52,6 +52,11 @@ NOTHING = AdaptStats()
         ({"noise_cap_factor": 0.0}, "0.0"),
         ({"schedule_decay_ratio": 1.0}, "1.0"),
         ({"lr_rule": "cubic"}, "'cubic'"),
+        ({"noise_ema_decay": 1.0}, "1.0"),
+        ({"cosine_window_updates": 0}, "0"),
+        ({"plateau_relative_tolerance": 0.0}, "0.0"),
+        ({"drift_quantile": 1.5}, "1.5"),
+        ({"min_pieces_per_update": 0}, "0"),
     ],
 )
 def test_config_rejects_bad_values_quoting_them(overrides, quoted):

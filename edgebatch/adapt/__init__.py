@@ -13,14 +13,19 @@ Map:
 - `policy`: the pure decision core `decide(config, state, stats, memory_micro_batch_samples) ->
   (state, AdaptDecision)`: checks every N updates, cooldown after a change, x1.5 / x0.5 bounds,
   growth capped near the noise scale, micro-batch never above the governor's.
+- `controller`: `AdaptController`, signals + policy for one run: an `UpdateMeasurement` (the
+  squared norms and losses a training loop has) in, the next decision and the statistics behind
+  it (`AdaptReading`) out; its state is a JSON-able dict. Pure.
 - `lr_coupling`: learning-rate rules for a changed effective batch (none, linear, sqrt,
   inverse_sqrt), pure.
 - `scaled_schedule`: `ScaledSchedule`, a Keras LearningRateSchedule x a mutable factor (the only
   module that imports TensorFlow; not imported here).
 
-Importing this package imports numpy, never TensorFlow. Not wired into `edgebatch.fit` yet.
+Importing this package imports numpy, never TensorFlow. `edgebatch.fit(..., adapt=AdaptConfig(...))`
+drives it (edgebatch/training/adaptive.py); docs/adaptive-batch.md is the user's guide.
 """
 
+from edgebatch.adapt.controller import AdaptController, AdaptReading, UpdateMeasurement
 from edgebatch.adapt.lr_coupling import LR_RULES, change_factor, default_rule, lr_scale
 from edgebatch.adapt.policy import (
     AdaptConfig,
@@ -55,6 +60,8 @@ from edgebatch.adapt.signals import (
 __all__ = [
     "LR_RULES",
     "AdaptConfig",
+    "AdaptController",
+    "AdaptReading",
     "AdaptConfigError",
     "AdaptDecision",
     "AdaptState",
@@ -64,6 +71,7 @@ __all__ = [
     "NoiseScaleState",
     "PlateauState",
     "TwoBatchEstimate",
+    "UpdateMeasurement",
     "change_factor",
     "cosine_similarity",
     "decide",

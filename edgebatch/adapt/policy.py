@@ -56,6 +56,7 @@ __all__ = [
     "AdaptStats",
     "decide",
     "initial_state",
+    "is_check",
     "micro_plan",
 ]
 
@@ -109,6 +110,15 @@ class AdaptConfig:
     grow_below_noise_fraction: float | None = 0.5  # None: the noise scale never triggers growth
     schedule_decay_ratio: float | None = 2.0 / 3.0  # None: the schedule never triggers growth
     lr_rule: str = "sqrt"
+    # How the signals are measured (controller.py; the pure `decide` ignores these).
+    noise_ema_decay: float = 0.99  # weight kept of the past in the noise-scale EMAs
+    cosine_window_updates: int = 10  # consecutive-update cosines averaged
+    plateau_checks: int = 5  # the seed's "over 5 checks"
+    plateau_relative_tolerance: float = 1e-3  # the seed's |dL|/L < 0.001
+    drift_quantile: float = 0.9  # "hard" = above this quantile of earlier losses
+    drift_rise: float = 0.1  # drift when the hard share exceeds (1 - quantile) + rise
+    drift_min_updates: int = 10  # updates of evidence before drift can fire
+    min_pieces_per_update: int = 2  # split every update at least this often: the two-batch pair
 
     def __post_init__(self) -> None:
         _integer(self, "min_effective_batch_samples", 1)
@@ -129,6 +139,14 @@ class AdaptConfig:
         _real(self, "schedule_decay_ratio", 0.0, 1.0, optional=True)
         if self.lr_rule not in LR_RULES:
             raise AdaptConfigError(f"lr_rule must be one of {LR_RULES}, got {self.lr_rule!r}")
+        _real(self, "noise_ema_decay", 0.0, 1.0)
+        _integer(self, "cosine_window_updates", 1)
+        _integer(self, "plateau_checks", 1)
+        _real(self, "plateau_relative_tolerance", 0.0, math.inf)
+        _real(self, "drift_quantile", 0.0, 1.0)
+        _real(self, "drift_rise", 0.0, 1.0)
+        _integer(self, "drift_min_updates", 1)
+        _integer(self, "min_pieces_per_update", 1)
 
 
 @dataclass(frozen=True)
@@ -188,6 +206,11 @@ def micro_plan(effective_batch_samples: int, memory_micro_batch_samples: int) ->
     return micro, math.ceil(effective_batch_samples / micro)
 
 
+def is_check(config: AdaptConfig, state: AdaptState) -> bool:
+    """Whether the next `decide` call from `state` evaluates the triggers (module docstring)."""
+    return state.cooldown_left_updates <= 0 and state.updates_since_check + 1 >= config.check_every_updates
+
+
 def decide(
     config: AdaptConfig, state: AdaptState, stats: AdaptStats, memory_micro_batch_samples: int
 ) -> tuple[AdaptState, AdaptDecision]:
@@ -197,7 +220,7 @@ def decide(
     new_state = replace(state, updates=state.updates + 1, cooldown_left_updates=cooldown_left,
                         updates_since_check=since_check)
     current = state.effective_batch_samples
-    if state.cooldown_left_updates > 0 or since_check < config.check_every_updates:
+    if not is_check(config, state):
         return new_state, _decision(config, new_state, memory_micro_batch_samples, changed=False)
     new_state = replace(new_state, updates_since_check=0)
     direction, why, wanted_factor = _trigger(config, stats, current)

@@ -56,6 +56,7 @@ __all__ = [
     "mean_agreement",
     "micro_batch_pair",
     "noise_scale_samples",
+    "pair_from_norms",
     "push_agreement",
     "push_loss",
     "squared_norm",
@@ -109,23 +110,38 @@ def micro_batch_pair(
 
     `micro_gradients[i]` is the *mean* gradient over micro-batch i of `micro_batch_samples[i]`
     examples (disjoint examples, same weights). The big gradient is their example-weighted mean
-    (the accumulated update), B_big = sum of the sizes. The small squared norm is the average of
-    the micro-batches' |g_i|^2; since E|g_i|^2 = |G|^2 + tr(Sigma)/b_i, that average is exactly
-    the expectation at B_small = the harmonic mean of the sizes (= b when all are b, so uneven
-    remainders such as [32, 32, 32, 4] stay unbiased). Needs >= 2 micro-batches.
+    (the accumulated update), B_big = sum of the sizes; the small side is `pair_from_norms`'s.
+    Needs >= 2 micro-batches.
     """
     if len(micro_gradients) != len(micro_batch_samples):
         raise ValueError(f"{len(micro_gradients)} gradients for {len(micro_batch_samples)} sizes")
-    if len(micro_gradients) < 2:
+    stacked = np.stack([np.asarray(g, dtype=np.float64).ravel() for g in micro_gradients])
+    sizes = np.asarray(micro_batch_samples, dtype=np.float64)
+    big = (sizes[:, None] * stacked).sum(axis=0) / sizes.sum() if len(sizes) else np.zeros(0)
+    return pair_from_norms(np.einsum("ij,ij->i", stacked, stacked), micro_batch_samples, squared_norm(big))
+
+
+def pair_from_norms(
+    micro_sq_norms: Sequence[float], micro_batch_samples: Sequence[int], update_sq_norm: float
+) -> tuple[float, float, float, float]:
+    """(|g_small|^2, B_small, |g_big|^2, B_big) from squared norms only (what a training loop keeps).
+
+    `micro_sq_norms[i]` = |g_i|^2 of micro-batch i's mean gradient; `update_sq_norm` = |g|^2 of the
+    update's mean gradient over all of them. The small squared norm is the average of the |g_i|^2;
+    since E|g_i|^2 = |G|^2 + tr(Sigma)/b_i, that average is exactly the expectation at B_small =
+    the harmonic mean of the sizes (= b when all are b, so uneven remainders such as
+    [32, 32, 32, 4] stay unbiased). B_big = the sum of the sizes. Needs >= 2 micro-batches.
+    """
+    if len(micro_sq_norms) != len(micro_batch_samples):
+        raise ValueError(f"{len(micro_sq_norms)} norms for {len(micro_batch_samples)} sizes")
+    if len(micro_sq_norms) < 2:
         raise ValueError("the two-batch estimate needs at least 2 micro-batches in the update")
     sizes = np.asarray(micro_batch_samples, dtype=np.float64)
     if np.any(sizes <= 0):
         raise ValueError(f"micro-batch sizes must be positive, got {list(micro_batch_samples)!r}")
-    stacked = np.stack([np.asarray(g, dtype=np.float64).ravel() for g in micro_gradients])
-    big = (sizes[:, None] * stacked).sum(axis=0) / sizes.sum()
-    small_sq = float(np.mean(np.einsum("ij,ij->i", stacked, stacked)))
+    small_sq = float(np.mean(np.asarray(micro_sq_norms, dtype=np.float64)))
     small_batch = float(len(sizes) / np.sum(1.0 / sizes))
-    return small_sq, small_batch, squared_norm(big), float(sizes.sum())
+    return small_sq, small_batch, float(update_sq_norm), float(sizes.sum())
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,10 @@ saved: stateful random ops without a generator (tf.random.uniform in a layer), w
 the op's kernel; Keras 3 layers do not use them. Keeping
 all of it in one checkpoint (not a sidecar file) means a kill between two writes can never pair a
 model with another update's governor or position. Checkpoints are written only at update
-boundaries, where the gradient accumulators are zero, so they are not saved.
+boundaries, where the gradient accumulators are zero, so they are not saved. With an adaptive
+batch (fit's `adapt=`) the checkpoint also holds the controller's state as JSON and the previous
+update's gradient (`extra_variables`), so the statistics resume where they were; such a
+checkpoint and one without them do not restore into each other (a TrainingError says so).
 """
 
 from __future__ import annotations
@@ -20,10 +23,22 @@ import json
 import math
 from typing import Any
 
+from dataclasses import dataclass
+
 from edgebatch.errors import TrainingError
 from edgebatch.training.records import Progress
 
-__all__ = ["TrainingCheckpoint"]
+__all__ = ["Restored", "TrainingCheckpoint"]
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a checkpoint gave back besides the variables it restored in place."""
+
+    progress: Progress
+    governor_state: dict | None
+    base_learning_rate: float | None
+    adapt_state: dict | None = None
 
 
 def _model_variables(model: Any) -> list:
@@ -44,7 +59,10 @@ def _model_variables(model: Any) -> list:
 class TrainingCheckpoint:
     """Save and restore (model, optimizer, Progress, governor state, base learning rate) in `directory`."""
 
-    def __init__(self, directory: str, model: Any, optimizer: Any, max_to_keep: int = 3) -> None:
+    def __init__(self, directory: str, model: Any, optimizer: Any, max_to_keep: int = 3,
+                 adapt_variables: list | None = None) -> None:
+        """`adapt_variables`: the adaptive batch's extra variables (steps.AccumulatingSteps.previous);
+        given (even empty), the checkpoint also holds the controller's JSON state."""
         import tensorflow as tf
 
         self.directory = str(directory)
@@ -58,7 +76,13 @@ class TrainingCheckpoint:
         # restore: a tracked tf.random.Generator came back wrong in 2 of ~15 resumes here.
         self._global_generator = tf.random.get_global_generator()
         self._global_generator_state = tf.Variable(tf.zeros_like(self._global_generator.state), trainable=False)
+        adapt = {}
+        self._adapt_json = None
+        if adapt_variables is not None:
+            self._adapt_json = tf.Variable("", dtype=tf.string, trainable=False)
+            adapt = {"adapt_json": self._adapt_json, "adapt_variables": list(adapt_variables)}
         self._checkpoint = tf.train.Checkpoint(
+            **adapt,
             model=model,
             optimizer=optimizer,
             epoch=self._epoch,
@@ -77,8 +101,11 @@ class TrainingCheckpoint:
         """Path prefix of the newest checkpoint in the directory, or None."""
         return self._manager.latest_checkpoint
 
-    def save(self, progress: Progress, governor_state: dict, base_learning_rate: float | None) -> str:
+    def save(self, progress: Progress, governor_state: dict, base_learning_rate: float | None,
+             adapt_state: dict | None = None) -> str:
         """Write a checkpoint numbered by `progress.updates`; return its path prefix."""
+        if self._adapt_json is not None:
+            self._adapt_json.assign(json.dumps(adapt_state))
         self._epoch.assign(progress.epoch)
         self._examples_in_epoch.assign(progress.examples_in_epoch)
         self._updates.assign(progress.updates)
@@ -88,11 +115,11 @@ class TrainingCheckpoint:
         self._global_generator_state.assign(self._global_generator.state)
         return self._manager.save(checkpoint_number=progress.updates)
 
-    def restore_latest(self) -> tuple[Progress, dict | None, float | None] | None:
+    def restore_latest(self) -> Restored | None:
         """Restore the newest checkpoint into the model and optimizer; None when there is none.
 
-        Returns (progress, governor state dict or None, base learning rate or None). A checkpoint
-        of another model (variables that do not match) is a TrainingError naming the path.
+        A checkpoint of another model (variables that do not match), or one saved with an adaptive
+        batch restored without one (or the other way round), is a TrainingError naming the path.
         """
         path = self.latest
         if path is None:
@@ -100,6 +127,8 @@ class TrainingCheckpoint:
         try:
             status = self._checkpoint.restore(path)
             status.assert_existing_objects_matched()
+            if self._adapt_json is None and _has_adapt_state(path):
+                raise AssertionError("it was saved with an adaptive batch (fit's adapt=...); pass the same adapt")
         except (AssertionError, ValueError) as exc:
             raise TrainingError(f"cannot resume from checkpoint {path!r}: it does not match this model/optimizer ({exc})") from exc
         progress = Progress(
@@ -115,4 +144,15 @@ class TrainingCheckpoint:
             raise TrainingError(f"checkpoint {path!r} holds unreadable governor state {text[:80]!r}") from exc
         self._global_generator.reset(self._global_generator_state)
         base = float(self._base_learning_rate.numpy())
-        return progress, governor_state, None if math.isnan(base) else base
+        adapt_state = None
+        if self._adapt_json is not None:
+            adapt_text = self._adapt_json.numpy().decode("utf-8")
+            adapt_state = json.loads(adapt_text) if adapt_text else None
+        return Restored(progress, governor_state, None if math.isnan(base) else base, adapt_state)
+
+
+def _has_adapt_state(path: str) -> bool:
+    """Whether the checkpoint at `path` holds an adaptive batch's state."""
+    import tensorflow as tf
+
+    return any(name.startswith("adapt_json") for name, _ in tf.train.list_variables(path))

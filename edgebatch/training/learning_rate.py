@@ -69,6 +69,11 @@ class LearningRateScaler:
             float(base_learning_rate) if base_learning_rate is not None else float(self._variable.numpy())
         )
 
+    @property
+    def schedule(self) -> Any:
+        """The optimizer's own LearningRateSchedule while this scaler wraps it, else None."""
+        return self._schedule
+
     def apply(self, scale: float) -> None:
         """Set the optimizer's rate to base x `scale` (a no-op when the scale did not change)."""
         if not self.enabled or scale == self._scale:

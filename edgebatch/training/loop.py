@@ -52,6 +52,22 @@ tf_keras SyncBatchNormalization) use the global piece's statistics; fit treats t
 BatchNormalization (untested). Tested on two logical CPU devices; multi-GPU runs (NCCL all-reduce)
 are not tested here.
 
+Adaptive batch (`adapt=AdaptConfig(...)`, adaptive.py, edgebatch/adapt/): the statistical policy
+sets each update's effective batch (starting at `effective_batch`) from the gradient noise scale,
+direction agreement between updates, loss plateaus, the LR schedule's phase and drift, and the
+LR multiplier for it (config.lr_rule); the governor (mode "fixed") still sets the micro-batch, and
+each update is split into at least config.min_pieces_per_update pieces (so every update measures
+the noise scale) of at most the governor's size. Growth above the governor's ceiling is reached
+by accumulation, and the governor's micro-batch never exceeds min(its ceiling, its
+config.effective_batch): build it with config.effective_batch >= the largest batch you allow the
+policy (adapt's max_effective_batch_samples) to let micro-batches grow with it. Each update is
+still exactly the plain loop's step over its examples (the split does not matter, as above), so
+an adaptive run equals a plain loop fed the same sequence of batch sizes and rates
+(tests/test_training_adapt.py). Costs: one more copy of the trainable variables (the previous
+update's gradient), a few reductions per piece and one small host read per update. A checkpoint
+holds the controller and that copy, so a resumed run decides as an uninterrupted one. Not under
+MirroredStrategy.
+
 Only OOMs that TensorFlow raises can be recovered. On CPU with TensorFlow's default oneDNN kernels,
 running out of address space can crash the process instead (docs/tensorflow-memory.md, "oneDNN
 convolutions can crash"; the RLIMIT_AS test runs with TF_ENABLE_ONEDNN_OPTS=0 for that reason), and
@@ -72,6 +88,7 @@ from typing import Any, Callable
 
 from edgebatch.errors import TrainingError, UsageError
 from edgebatch.governor import Governor, GovernorConfig, Observation, PressureReader, split_micro_batches
+from edgebatch.training.adaptive import AdaptiveBatch, check_adapt, scheduled_rate
 from edgebatch.training.checkpoints import TrainingCheckpoint
 from edgebatch.training.data import ExampleBuffer, prepare_dataset, refuse_unreplayable_order, slice_examples
 from edgebatch.training.hard_failure import RunningMarker, take_hard_failure_micro_batch
@@ -120,6 +137,7 @@ def fit(
     on_update: Callable[[UpdateRecord], None] | None = None,
     callbacks: Any = None,
     batch_norm: str = "allow",
+    adapt: Any = None,
 ) -> FitReport:
     """Train `model` on `dataset` with governor-sized micro-batches and gradient accumulation.
 
@@ -149,6 +167,9 @@ def fit(
     Under tf.distribute.MirroredStrategy (model and optimizer built in its scope) micro-batches are
     global, a multiple of the replica count, split evenly over the replicas (module docstring);
     FitReport.replicas says how many. Other strategies are refused.
+    `adapt`: an edgebatch.adapt.AdaptConfig turns on the statistical batch policy (module
+    docstring, "Adaptive batch"): `effective_batch` is then where it starts, and the policy moves
+    it from the gradient statistics; the governor (mode "fixed") still bounds every micro-batch.
     The optimizer's base learning rate is put back when fit returns (elastic mode scales it).
     TensorBoard scalars go to `log_dir`, one JSON line per update to `decision_log`
     (observability.py). Returns a FitReport of this call.
@@ -168,7 +189,12 @@ def fit(
         governor = Governor(GovernorConfig(ceiling_batch=effective_batch, effective_batch=effective_batch))
     elif not isinstance(governor, Governor):
         raise UsageError(f"governor must be an edgebatch.governor.Governor, got {governor!r}")
-    elif governor.config.effective_batch != effective_batch:
+    elif adapt is not None and governor.config.effective_batch < effective_batch:
+        raise UsageError(
+            f"effective_batch {effective_batch!r} is above the governor's config.effective_batch "
+            f"{governor.config.effective_batch!r}: with adapt, build the governor for at least the starting batch"
+        )
+    elif adapt is None and governor.config.effective_batch != effective_batch:
         raise UsageError(
             f"effective_batch {effective_batch!r} differs from the governor's "
             f"config.effective_batch {governor.config.effective_batch!r}: build the governor for the same batch"
@@ -176,6 +202,8 @@ def fit(
     problem = check_governor_for_replicas(governor.config, replicas)
     if problem is not None:
         raise UsageError(problem)
+    if adapt is not None:
+        check_adapt(adapt, governor.config, replicas)
     refuse_unsupported_precision(model, optimizer)
     injected_oom_plan()  # a malformed EDGEBATCH_INJECT_OOM fails now, before any work
     # Under a strategy everything from here runs in its scope: optimizer slots, accumulators and
@@ -189,6 +217,7 @@ def fit(
             pressure_reader=pressure_reader, max_updates=max_updates, on_update=on_update,
             run_log=RunLog(log_dir, decision_log), callbacks=_callback_list(model, callbacks, epochs),
             fixed_micro_batch=batch_norm == "fixed_micro_batch", strategy=strategy,
+            adaptive=None if adapt is None else AdaptiveBatch(adapt, effective_batch),
         )
         loop.report.batch_norm_layers = normalizers
         loop.report.batch_norm = batch_norm
@@ -321,7 +350,7 @@ class _GovernedLoop:
 
     def __init__(self, *, model, dataset, element_spec, loss, optimizer, governor, epochs, checkpoint_dir,
                  checkpoint_every_updates, max_checkpoints_to_keep, pressure_reader, max_updates, on_update,
-                 run_log, callbacks, fixed_micro_batch, strategy=None) -> None:
+                 run_log, callbacks, fixed_micro_batch, strategy=None, adaptive=None) -> None:
         self.model = model
         self.dataset = dataset
         self.element_spec = element_spec
@@ -337,21 +366,28 @@ class _GovernedLoop:
         self.epoch_loss_sum = 0.0  # this call's loss x examples in the current epoch (callback logs)
         self.epoch_examples = 0
         self.batch_in_epoch = 0
+        self.adaptive = adaptive
+        self.optimizer = optimizer
         self.chunk_examples = max(1, min(MAX_READ_CHUNK_EXAMPLES, governor.config.effective_batch))
+        self.steps = AccumulatingSteps(model, loss, optimizer, element_spec, strategy, statistics=adaptive is not None)
         self.checkpoint = (
-            TrainingCheckpoint(checkpoint_dir, model, optimizer, max_checkpoints_to_keep) if checkpoint_dir else None
+            TrainingCheckpoint(checkpoint_dir, model, optimizer, max_checkpoints_to_keep,
+                               adapt_variables=None if adaptive is None else self.steps.previous)
+            if checkpoint_dir else None
         )
         self.progress = Progress()
         self.saved_progress: Progress | None = None
         restored = self.checkpoint.restore_latest() if self.checkpoint is not None else None
         base_learning_rate = None
         if restored is not None:
-            self.progress, governor_state, base_learning_rate = restored
+            self.progress, base_learning_rate = restored.progress, restored.base_learning_rate
             self.saved_progress = self.progress
-            if governor_state is not None:
-                governor.load_state_dict(governor_state)
-        self.scaler = LearningRateScaler(optimizer, governor.config.lr_scaling != "none", base_learning_rate)
-        self.steps = AccumulatingSteps(model, loss, optimizer, element_spec, strategy)
+            if restored.governor_state is not None:
+                governor.load_state_dict(restored.governor_state)
+            if adaptive is not None and restored.adapt_state is not None:
+                adaptive.controller.load_state_dict(restored.adapt_state)
+        scaling = governor.config.lr_scaling != "none" or (adaptive is not None and adaptive.controller.config.lr_rule != "none")
+        self.scaler = LearningRateScaler(optimizer, scaling, base_learning_rate)
         self.report = FitReport(resumed_from=self.progress if restored is not None else None)
         self.history_start = len(governor.history)
         # A supervisor restarted this process after a kill (supervisor.py): that size failed.
@@ -390,6 +426,8 @@ class _GovernedLoop:
             self.report.decisions = [dict(entry) for entry in self.governor.history[self.history_start :]]
             self.report.traces = dict(self.steps.traces)
             self.report.final_progress = self.progress
+            if self.adaptive is not None:
+                self.report.adapt_changes = list(self.adaptive.changes)
         return self.report
 
     def _train_epoch(self, buffer: ExampleBuffer) -> str | None:
@@ -434,7 +472,8 @@ class _GovernedLoop:
         self.report.epochs_completed += 1
 
     def _save(self) -> str:
-        path = self.checkpoint.save(self.progress, self.governor.state_dict(), self.scaler.base_learning_rate)
+        adapt_state = None if self.adaptive is None else self.adaptive.controller.state_dict()
+        path = self.checkpoint.save(self.progress, self.governor.state_dict(), self.scaler.base_learning_rate, adapt_state)
         self.saved_progress = self.progress
         self.report.checkpoints.append(path)
         return path
@@ -443,16 +482,20 @@ class _GovernedLoop:
         decision = self.governor.decision
         if self.callbacks is not None:
             self.callbacks.on_train_batch_begin(self.batch_in_epoch)
-        flat_examples, examples = buffer.take(decision.effective_batch)
+        adaptive = self.adaptive
+        wanted = decision.effective_batch if adaptive is None else adaptive.effective_batch_samples
+        lr_scale = decision.lr_scale if adaptive is None else adaptive.lr_scale()
+        flat_examples, examples = buffer.take(wanted)
         # The wait for examples (this take, and the read-ahead since the last update) is not step
         # time: a slow input pipeline must not look like memory pressure to the governor.
         input_seconds = buffer.pop_read_seconds()
         started = time.perf_counter()
-        self.scaler.apply(decision.lr_scale)
-        sizes, loss_sums, ooms = self._accumulate(flat_examples, examples)
+        self.scaler.apply(lr_scale)
+        sizes, loss_sums, ooms, measured = self._accumulate(flat_examples, examples)
         import tensorflow as tf
 
         try:
+            update_statistics = self.steps.update_statistics() if adaptive is not None else None
             self.steps.apply_step()
         except (tf.errors.ResourceExhaustedError, MemoryError) as exc:
             # apply_gradients may have moved some variables already: a checkpoint now would be torn,
@@ -466,14 +509,26 @@ class _GovernedLoop:
         observation = self.reader.read() if self.reader is not None else Observation(pressure=None)
         # An update that hit an OOM spent 11-14 s failing (docs/tensorflow-memory.md, "Address-space
         # caps"): its time says nothing about speed.
+        # With an adaptive batch an update's piece count changes with its effective batch: the
+        # governor compares step times at one micro-batch size, so it gets the time per piece.
+        governed_seconds = step_seconds if adaptive is None else step_seconds * max(sizes) / examples
         observation = dataclasses.replace(
-            observation, oom=False, step_seconds=None if ooms else step_seconds, micro_batch=max(sizes)
+            observation, oom=False, step_seconds=None if ooms else governed_seconds, micro_batch=max(sizes)
         )
         if self.fixed_micro_batch:
             # batch_norm="fixed_micro_batch": no reading may move the micro-batch (only on_oom does).
             after = self.governor.observe(Observation(pressure=None, oom=False, micro_batch=max(sizes)))
         else:
             after = self.governor.observe(observation)
+        adapt_record = None
+        if adaptive is not None:
+            adapt_decision, reading = adaptive.observe(
+                update=self.progress.updates + 1, examples=examples, sizes=sizes,
+                piece_sq_norms=measured[0], per_example=measured[1], update_statistics=update_statistics,
+                loss_mean=loss_mean, schedule_rate=scheduled_rate(self.optimizer, self.scaler.schedule),
+                memory_micro_batch_samples=after.micro_batch,
+            )
+            adapt_record = AdaptiveBatch.record(adapt_decision, reading)
         self.progress = Progress(
             epoch=self.progress.epoch,
             examples_in_epoch=self.progress.examples_in_epoch + examples,
@@ -482,12 +537,13 @@ class _GovernedLoop:
         )
         record = UpdateRecord(
             update=self.progress.updates, epoch=self.progress.epoch, examples=examples,
-            micro_batches=tuple(sizes), effective_batch=decision.effective_batch, loss=loss_mean,
+            micro_batches=tuple(sizes), effective_batch=wanted, loss=loss_mean,
             pressure=observation.pressure, seconds=seconds,
             samples_per_second=examples / seconds if seconds > 0 else float("inf"),
             oom_events=len(ooms), changed=after.changed, reason=after.reason,
-            next_micro_batch=after.micro_batch, next_effective_batch=after.effective_batch,
-            lr_scale=decision.lr_scale, step_seconds=step_seconds, input_seconds=input_seconds,
+            next_micro_batch=after.micro_batch if adaptive is None else adaptive.split_micro_batch(after.micro_batch),
+            next_effective_batch=after.effective_batch if adaptive is None else adaptive.effective_batch_samples,
+            lr_scale=lr_scale, step_seconds=step_seconds, input_seconds=input_seconds, adapt=adapt_record,
         )
         self.report.updates.append(record)
         self.report.examples_seen += examples
@@ -500,14 +556,19 @@ class _GovernedLoop:
         if self.on_update is not None:
             self.on_update(record)
 
-    def _accumulate(self, flat_examples: list, examples: int) -> tuple[list[int], list, list[OomEvent]]:
-        """Run the update's micro-batches; (sizes that ran, their loss sums, OOM events)."""
+    def _split_size(self, memory_micro_batch: int) -> int:
+        return memory_micro_batch if self.adaptive is None else self.adaptive.split_micro_batch(memory_micro_batch)
+
+    def _accumulate(self, flat_examples: list, examples: int) -> tuple[list[int], list, list[OomEvent], tuple]:
+        """Run the update's micro-batches; (sizes that ran, their loss sums, OOM events, and with
+        statistics on (adapt) their squared gradient norms and per-example losses)."""
         import tensorflow as tf
 
         update_examples = tf.constant(float(examples))
-        pending = split_micro_batches(examples, self.governor.decision.micro_batch)
+        pending = split_micro_batches(examples, self._split_size(self.governor.decision.micro_batch))
         self._note_running(pending)
         offset, sizes, loss_sums, ooms = 0, [], [], []
+        piece_sq_norms, per_example = [], []
         while pending:
             size = pending[0]
             x, y = slice_examples(self.element_spec, flat_examples, offset, size)
@@ -520,6 +581,11 @@ class _GovernedLoop:
                     loss_sums.append(self.steps.micro_step(x, y, update_examples, oom_replica))
                 elif injected is not None:
                     raise tf.errors.ResourceExhaustedError(None, None, injected)
+                elif self.steps.statistics:
+                    loss_sum, piece_sq_norm, losses = self.steps.micro_step(x, y, update_examples)
+                    loss_sums.append(loss_sum)
+                    piece_sq_norms.append(piece_sq_norm)
+                    per_example.append(losses)
                 else:
                     loss_sums.append(self.steps.micro_step(x, y, update_examples))
             except (tf.errors.ResourceExhaustedError, MemoryError) as exc:
@@ -537,13 +603,13 @@ class _GovernedLoop:
                 if decision.exhausted:
                     self._give_up(event, exc)
                 # Re-split from the failed piece on: its examples run again, in smaller pieces.
-                pending = split_micro_batches(examples - offset, decision.micro_batch)
+                pending = split_micro_batches(examples - offset, self._split_size(decision.micro_batch))
                 self._note_running(pending)
                 continue
             sizes.append(size)
             offset += size
             pending.pop(0)
-        return sizes, loss_sums, ooms
+        return sizes, loss_sums, ooms, (piece_sq_norms, per_example)
 
     def _note_running(self, pending: list[int]) -> None:
         """Record the split's largest piece before it runs, for a supervisor to read after a kill."""

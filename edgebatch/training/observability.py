@@ -4,7 +4,9 @@
   largest micro-batch that ran: the real batch size the device saw), accumulation_steps,
   effective_batch (examples in the update), loss, samples_per_second, step_seconds (the step
   without waiting for input), input_seconds, oom_events, lr_scale and pressure (only when it was
-  read).
+  read); with an adaptive batch (fit's `adapt=`) also edgebatch/adapt/<name> for each statistic
+  that was measured (noise_scale_samples, cosine, mean_cosine, loss_change, hard_share,
+  schedule_lr_ratio) and next_effective_batch.
 - `decision_log`: a JSON Lines file with ONE OBJECT PER UPDATE (not per change: a reader filters on
   "changed"), `{"event": "update", ...UpdateRecord.to_dict(), "ooms": [OomEvent...]}`, plus one
   `{"event": "training_error", ...}` line if training had to stop. The file is appended to (a
@@ -22,6 +24,11 @@ from typing import Any
 from edgebatch.training.records import OomEvent, UpdateRecord
 
 __all__ = ["RunLog"]
+
+
+# The adaptive batch's statistics written to TensorBoard (UpdateRecord.adapt keys).
+_ADAPT_SCALARS = ("noise_scale_samples", "cosine", "mean_cosine", "loss_change", "hard_share",
+                  "schedule_lr_ratio", "next_effective_batch")
 
 
 @functools.cache
@@ -76,6 +83,11 @@ class RunLog:
         }
         if record.pressure is not None:
             scalars["pressure"] = record.pressure
+        if record.adapt is not None:
+            for name in _ADAPT_SCALARS:
+                value = record.adapt.get(name)
+                if value is not None:
+                    scalars[f"adapt/{name}"] = value
         with self._writer.as_default(step=record.update):
             for name, value in scalars.items():
                 # tf.summary.scalar needs the tensorboard package, which TensorFlow 2.21 no longer

@@ -54,7 +54,12 @@ class UpdateRecord:
     loss over the update (regularization losses excluded). `pressure` is the memory reading taken
     after the update (None when the reader was rate-limited or absent). `changed`/`reason`/
     `next_micro_batch`/`next_effective_batch`/`lr_scale` describe the governor's decision made on
-    this update's observation, which applies from the next update.
+    this update's observation, which applies from the next update. With an adaptive batch (fit's
+    `adapt=`) `effective_batch` and `lr_scale` are the adaptive policy's, `next_effective_batch`
+    is its next one and `adapt` holds its decision and the statistics behind it
+    (training/adaptive.py `AdaptiveBatch.record`: next_effective_batch, changed, reason, blocked,
+    next_lr_scale, noise_scale_samples, cosine, mean_cosine, loss_change, plateau, hard_share,
+    drift, schedule_lr_ratio, checked); None without one.
     """
 
     update: int
@@ -74,6 +79,7 @@ class UpdateRecord:
     lr_scale: float
     step_seconds: float = 0.0
     input_seconds: float = 0.0
+    adapt: dict[str, Any] | None = None
 
     @property
     def accumulation_steps(self) -> int:
@@ -88,6 +94,7 @@ class UpdateRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["micro_batches"] = list(self.micro_batches)
+        data["adapt"] = None if self.adapt is None else dict(self.adapt)
         data["accumulation_steps"] = self.accumulation_steps
         return data
 
@@ -115,7 +122,8 @@ class FitReport:
     "fixed_micro_batch"). `unbatched_input` is True when fit unbatched a batched dataset.
     `replicas` is the MirroredStrategy's replica count (1 without a strategy); with more than one,
     micro-batch sizes (UpdateRecord.micro_batches, OomEvent.micro_batch) are global: each replica
-    ran an even share of them.
+    ran an even share of them. `adapt_changes` lists the adaptive policy's changes of the effective
+    batch during this call ({"update", "effective_batch", "reason", "lr_scale"}; empty without adapt).
     """
 
     updates: list[UpdateRecord] = field(default_factory=list)
@@ -136,6 +144,7 @@ class FitReport:
     batch_norm: str = "allow"
     unbatched_input: bool = False
     replicas: int = 1
+    adapt_changes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy of the report."""
@@ -158,4 +167,5 @@ class FitReport:
             "batch_norm": self.batch_norm,
             "unbatched_input": self.unbatched_input,
             "replicas": self.replicas,
+            "adapt_changes": [dict(change) for change in self.adapt_changes],
         }

@@ -31,6 +31,14 @@ out of memory leaves every replica's accumulators untouched. Every replica recei
 global piece's input tensor and slices it on its device (input copies are the global piece's
 size, not the share's).
 
+Statistics (`statistics=True`, what fit's adaptive batch needs; edgebatch/adapt/controller.py).
+The micro-step then also returns the squared norm of the piece's gradient contribution and the
+piece's per-example losses, and `update_statistics()` (run after the pieces, before
+`apply_step`) returns |accumulated gradient|^2, its dot product with the previous update's
+accumulated gradient and that one's squared norm, and then stores the current one as the
+previous: one more copy of the trainable variables (`previous`), checkpointed with the run. Not
+supported under a strategy.
+
 TensorFlow is imported inside functions so that importing edgebatch.training stays cheap.
 """
 
@@ -192,7 +200,8 @@ class AccumulatingSteps:
     function across instances; `traces` is the per-call truth.
     """
 
-    def __init__(self, model: Any, loss: Any, optimizer: Any, element_spec: Any, strategy: Any = None) -> None:
+    def __init__(self, model: Any, loss: Any, optimizer: Any, element_spec: Any, strategy: Any = None,
+                 statistics: bool = False) -> None:
         import contextlib
 
         import tensorflow as tf
@@ -218,6 +227,14 @@ class AccumulatingSteps:
                 for i, v in enumerate(self.variables)
             ]
         self.traces = {"micro_step": 0, "apply_step": 0}
+        self.statistics = statistics
+        if statistics and strategy is not None:
+            raise UsageError("gradient statistics (fit's adapt=...) are not supported under a tf.distribute strategy yet")
+        # The previous update's accumulated gradient (statistics only): cosine between updates.
+        self.previous = [
+            tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"edgebatch_previous_gradient_{i}")
+            for i, v in enumerate(self.variables)
+        ] if statistics else []
         self._loss = per_example_loss(loss)
         x_spec, y_spec = element_spec
         signature = [
@@ -228,6 +245,7 @@ class AccumulatingSteps:
         if strategy is None:
             self.micro_step = tf.function(self._micro_step, input_signature=signature)
             self.apply_step = tf.function(self._apply_step)
+            self.update_statistics = tf.function(self._update_statistics)
         else:
             # `oom_replica`: the replica that must run out of memory in this call (injection), -1: none.
             signature.append(tf.TensorSpec([], tf.int32, name="oom_replica"))
@@ -253,6 +271,21 @@ class AccumulatingSteps:
     def _micro_step(self, x: Any, y: Any, update_examples: Any) -> Any:
         self.traces["micro_step"] += 1  # runs while tracing only
         return self._accumulate_piece(x, y, update_examples)
+
+    def _update_statistics(self) -> Any:
+        """(|acc|^2, acc . previous, |previous|^2) in float32, then previous := acc (module docstring)."""
+        import tensorflow as tf
+
+        self.traces["update_statistics"] = self.traces.get("update_statistics", 0) + 1
+        reads = [tf.cast(acc.read_value(), tf.float32) for acc in self.accumulators]
+        olds = [tf.cast(prev.read_value(), tf.float32) for prev in self.previous]
+        current_sq = tf.add_n([tf.reduce_sum(tf.square(a)) for a in reads])
+        dot = tf.add_n([tf.reduce_sum(a * b) for a, b in zip(reads, olds)])
+        previous_sq = tf.add_n([tf.reduce_sum(tf.square(b)) for b in olds])
+        with tf.control_dependencies([current_sq, dot, previous_sq]):
+            stores = [prev.assign(acc.read_value()) for prev, acc in zip(self.previous, self.accumulators)]
+        with tf.control_dependencies(stores):
+            return tf.identity(current_sq), tf.identity(dot), tf.identity(previous_sq)
 
     def _accumulate_piece(self, x: Any, y: Any, update_examples: Any, barrier: Callable | None = None) -> Any:
         """Add this piece's share of the update's gradient into the accumulators; its loss sum.
@@ -280,7 +313,11 @@ class AccumulatingSteps:
         with tf.control_dependencies(ready):
             updates = [_accumulate(acc, g) for acc, g in zip(self.accumulators, gradients)]
         with tf.control_dependencies(updates):
-            return tf.identity(loss_sum)
+            if not self.statistics:
+                return tf.identity(loss_sum)
+            # Statistics: the piece's own squared gradient norm (of its share of the update's
+            # objective; the loop rescales it to the piece's mean gradient) and its losses.
+            return tf.identity(loss_sum), _squared_norm(gradients), tf.identity(per_example)
 
     def _mirrored_micro_step(self, x: Any, y: Any, update_examples: Any, oom_replica: Any) -> Any:
         import tensorflow as tf
@@ -363,6 +400,22 @@ def _resolve_replica_group(strategy: Any) -> None:
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
 
     tf.function(lambda: strategy.run(replica_fn))()
+
+
+def _squared_norm(gradients: list) -> Any:
+    """sum of |g|^2 over the variables' gradients, in float32; an IndexedSlices counts as its dense
+    tensor (rows of repeated indices are summed first)."""
+    import tensorflow as tf
+
+    total = []
+    for gradient in gradients:
+        if isinstance(gradient, tf.IndexedSlices):
+            unique, position = tf.unique(gradient.indices)
+            rows = tf.math.unsorted_segment_sum(gradient.values, position, tf.shape(unique)[0])
+            total.append(tf.reduce_sum(tf.square(tf.cast(rows, tf.float32))))
+        else:
+            total.append(tf.reduce_sum(tf.square(tf.cast(gradient, tf.float32))))
+    return tf.add_n(total)
 
 
 def _tensor_of(gradient: Any) -> Any:
