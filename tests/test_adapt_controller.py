@@ -125,13 +125,14 @@ def test_a_decayed_schedule_grows_the_batch_instead_and_the_reference_moves_with
 
 
 def test_rising_hard_examples_shrink_the_batch():
-    controller = AdaptController(quiet_config(drift_rise=0.1, drift_min_updates=5), 32)
+    controller = AdaptController(quiet_config(drift_rise=0.1, drift_recent_examples=128,
+                                              drift_reference_examples=512), 32)
     rng = np.random.default_rng(0)
-    for _ in range(20):  # settled losses: about 10% above the reference's 90th percentile
+    for _ in range(40):  # settled losses: about 10% above the reference's 90th percentile
         decision, reading = controller.observe(measurement(losses=rng.exponential(1.0, 64)), MEMORY_MICRO)
         assert not decision.changed
     assert reading.hard_share < 0.2
-    for _ in range(5):  # harder examples arrive: most losses now above the old 90th percentile
+    for _ in range(4):  # harder examples arrive: most losses now above the old 90th percentile
         decision, reading = controller.observe(measurement(losses=rng.exponential(5.0, 64)), MEMORY_MICRO)
         if decision.changed:
             break
@@ -168,7 +169,8 @@ def test_lr_scale_follows_the_rule_from_the_starting_batch(rule, scale):
 def test_state_survives_a_json_round_trip_and_decides_the_same_afterwards():
     cfg = quiet_config(check_every_updates=3, cooldown_updates=2, grow_above_cosine=0.8, shrink_below_cosine=0.3,
                        cosine_window_updates=2, grow_below_noise_fraction=0.5, noise_cap_factor=1.0,
-                       plateau_checks=2, schedule_decay_ratio=0.7, drift_rise=0.1, drift_min_updates=3)
+                       plateau_checks=2, schedule_decay_ratio=0.7, drift_rise=0.1, drift_recent_examples=32,
+                       drift_reference_examples=64)
     rng = np.random.default_rng(3)
     stream = [
         UpdateMeasurement(micro_batch_samples=(8, 8), micro_sq_norms=tuple(rng.uniform(1, 3, 2)),

@@ -21,7 +21,9 @@ MEMORY_MICRO = 1024  # the governor allows more than any batch below: memory is 
 
 
 def config(**overrides):
-    settings = {"check_every_updates": 1, "cooldown_updates": 0, "lr_rule": "none"}
+    # The direction rule at the seed's thresholds (off in AdaptConfig's defaults), to test it.
+    settings = {"check_every_updates": 1, "cooldown_updates": 0, "lr_rule": "none",
+                "grow_above_cosine": 0.8, "shrink_below_cosine": 0.3}
     settings.update(overrides)
     return AdaptConfig(**settings)
 
@@ -47,7 +49,7 @@ NOTHING = AdaptStats()
         ({"max_grow_factor": 1.0}, "1.0"),
         ({"max_shrink_factor": 1.0}, "1.0"),
         ({"max_shrink_factor": 0.0}, "0.0"),
-        ({"grow_above_cosine": 0.2}, "0.2"),  # below shrink_below_cosine 0.3
+        ({"grow_above_cosine": 0.2, "shrink_below_cosine": 0.3}, "0.2"),  # below the shrink bound
         ({"shrink_below_cosine": float("nan")}, "nan"),
         ({"noise_cap_factor": 0.0}, "0.0"),
         ({"schedule_decay_ratio": 1.0}, "1.0"),
@@ -68,9 +70,21 @@ def test_config_rejects_bad_values_quoting_them(overrides, quoted):
 
 def test_seed_defaults():
     cfg = AdaptConfig()
-    assert (cfg.cooldown_updates, cfg.max_grow_factor, cfg.max_shrink_factor) == (200, 1.5, 0.5)
-    assert (cfg.grow_above_cosine, cfg.shrink_below_cosine) == (0.8, 0.3)
+    assert (cfg.check_every_updates, cfg.cooldown_updates, cfg.max_grow_factor, cfg.max_shrink_factor) == (
+        50, 200, 1.5, 0.5)
+    assert (cfg.grow_above_cosine, cfg.shrink_below_cosine) == (None, None)  # off: see AdaptConfig
+    seed = AdaptConfig.seed_rules(check_every_updates=7)
+    assert (seed.grow_above_cosine, seed.shrink_below_cosine, seed.lr_rule) == (0.8, 0.3, "inverse_sqrt")
+    assert seed.check_every_updates == 7 and seed.cooldown_updates == 200
     assert cfg.lr_rule == "sqrt"
+
+
+def test_with_the_direction_rule_off_no_cosine_moves_the_batch():
+    cfg = config(noise_cap_factor=None, grow_below_noise_fraction=None, schedule_decay_ratio=None,
+                 grow_above_cosine=None, shrink_below_cosine=None)
+    for cosine in (-0.9, 0.0, 0.99):
+        _, decision = decide(cfg, initial_state(cfg, 16), AdaptStats(mean_cosine=cosine), MEMORY_MICRO)
+        assert not decision.changed
 
 
 def test_initial_state_clamps_into_the_range():

@@ -45,6 +45,7 @@ from edgebatch.adapt.signals import (
     NoiseScaleState,
     PlateauState,
     drift_detected,
+    hard_share,
     is_plateau,
     mean_agreement,
     noise_scale_samples,
@@ -81,7 +82,7 @@ class AdaptReading:
     mean_cosine: float | None
     loss_change: float | None  # relative change of the check-mean loss at this check, else None
     plateau: bool
-    hard_share: float | None  # bias-corrected EMA of the share of hard examples
+    hard_share: float | None  # share of the recent examples above the reference quantile
     drift: bool
     schedule_lr_ratio: float | None
     checked: bool  # the policy evaluated its triggers on this update
@@ -131,9 +132,11 @@ class AdaptController:
                 self.noise = update_noise_scale(self.noise, estimate, cfg.noise_ema_decay)
         self.agreement = push_agreement(self.agreement, measurement.cosine_previous, cfg.cosine_window_updates)
         if measurement.per_example_losses is not None:
-            self.drift = update_drift(self.drift, np.asarray(measurement.per_example_losses), cfg.drift_quantile)
-        drift_share = self.drift.hard_share_ema / self.drift.weight if self.drift.weight > 0 else None
-        drift = drift_detected(self.drift, cfg.drift_quantile, cfg.drift_rise, cfg.drift_min_updates)
+            self.drift = update_drift(self.drift, np.asarray(measurement.per_example_losses),
+                                      cfg.drift_recent_examples, cfg.drift_reference_examples)
+        windows = (cfg.drift_recent_examples, cfg.drift_reference_examples)
+        drift_share = hard_share(self.drift, cfg.drift_quantile, *windows)
+        drift = drift_detected(self.drift, cfg.drift_quantile, cfg.drift_rise, *windows)
         if math.isfinite(measurement.loss):
             self.check_loss_sum += measurement.loss
             self.check_updates += 1
@@ -194,7 +197,7 @@ class AdaptController:
             "noise": dataclasses.asdict(self.noise),
             "agreement": list(self.agreement.cosines),
             "plateau": list(self.plateau.losses),
-            "drift": dataclasses.asdict(self.drift),
+            "drift": {"reference": list(self.drift.reference), "recent": list(self.drift.recent)},
             "check_loss_sum": self.check_loss_sum,
             "check_updates": self.check_updates,
             "rate_at_change": self.rate_at_change,
@@ -206,7 +209,8 @@ class AdaptController:
         self.noise = NoiseScaleState(**data["noise"])
         self.agreement = AgreementState(cosines=tuple(float(c) for c in data["agreement"]))
         self.plateau = PlateauState(losses=tuple(float(v) for v in data["plateau"]))
-        self.drift = DriftState(**data["drift"])
+        self.drift = DriftState(reference=tuple(float(v) for v in data["drift"]["reference"]),
+                                recent=tuple(float(v) for v in data["drift"]["recent"]))
         self.check_loss_sum = float(data["check_loss_sum"])
         self.check_updates = int(data["check_updates"])
         rate = data["rate_at_change"]

@@ -93,9 +93,15 @@ def _real(owner: object, name: str, low: float, high: float, optional: bool = Fa
 class AdaptConfig:
     """How the statistical policy sizes the effective batch. Checked on construction.
 
-    Sizes are in examples (`_samples`), times in optimizer updates (`_updates`). The seed's values
-    are the defaults: checks every 50 updates, >= 200 updates between changes, x1.5 up, x0.5 down,
-    cosine > 0.8 grows, < 0.3 shrinks.
+    Sizes are in examples (`_samples`), times in optimizer updates (`_updates`). The seed's timing
+    and bounds are the defaults: checks every 50 updates, >= 200 updates between changes, x1.5 up,
+    x0.5 down. The seed's direction rule (mean cosine > 0.8 grows, < 0.3 shrinks) is OFF by
+    default (None): between consecutive small-batch updates the cosine sits near 0-0.3 because
+    noise dominates, so the rule shrinks the batch, which lowers the cosine further, down to
+    min_effective_batch_samples (seen on digits: 16 -> 1 in 6 checks; BENCHMARKS.md section 7).
+    Noise-scale theory says the opposite (low agreement: below the noise scale: grow), which the
+    noise trigger already does. `AdaptConfig.seed_rules()` turns the seed's rules back on to
+    reproduce it.
     """
 
     min_effective_batch_samples: int = 1
@@ -104,8 +110,8 @@ class AdaptConfig:
     cooldown_updates: int = 200
     max_grow_factor: float = 1.5
     max_shrink_factor: float = 0.5
-    grow_above_cosine: float = 0.8
-    shrink_below_cosine: float = 0.3
+    grow_above_cosine: float | None = None  # None: agreement never triggers growth (the seed: 0.8)
+    shrink_below_cosine: float | None = None  # None: disagreement never shrinks (the seed: 0.3)
     noise_cap_factor: float | None = 1.0  # None: no cap from the noise scale
     grow_below_noise_fraction: float | None = 0.5  # None: the noise scale never triggers growth
     schedule_decay_ratio: float | None = 2.0 / 3.0  # None: the schedule never triggers growth
@@ -117,8 +123,17 @@ class AdaptConfig:
     plateau_relative_tolerance: float = 1e-3  # the seed's |dL|/L < 0.001
     drift_quantile: float = 0.9  # "hard" = above this quantile of earlier losses
     drift_rise: float = 0.1  # drift when the hard share exceeds (1 - quantile) + rise
-    drift_min_updates: int = 10  # updates of evidence before drift can fire
+    drift_recent_examples: int = 256  # the recent window of per-example losses (signals.DriftState)
+    drift_reference_examples: int = 1024  # the window before it, whose quantile defines "hard"
     min_pieces_per_update: int = 2  # split every update at least this often: the two-batch pair
+
+    @classmethod
+    def seed_rules(cls, **overrides) -> "AdaptConfig":
+        """The seed's policy: the direction rule on (mean cosine > 0.8 grows, < 0.3 shrinks) and its
+        inverse LR rule (LR x sqrt(B_old / B_new)); other settings as given or the defaults."""
+        settings = {"grow_above_cosine": 0.8, "shrink_below_cosine": 0.3, "lr_rule": "inverse_sqrt"}
+        settings.update(overrides)
+        return cls(**settings)
 
     def __post_init__(self) -> None:
         _integer(self, "min_effective_batch_samples", 1)
@@ -132,8 +147,9 @@ class AdaptConfig:
         _integer(self, "cooldown_updates", 0)
         _real(self, "max_grow_factor", 1.0, math.inf)
         _real(self, "max_shrink_factor", 0.0, 1.0)
-        _real(self, "shrink_below_cosine", -1.0, 1.0)
-        _real(self, "grow_above_cosine", self.shrink_below_cosine, 1.0)
+        _real(self, "shrink_below_cosine", -1.0, 1.0, optional=True)
+        low = -1.0 if self.shrink_below_cosine is None else self.shrink_below_cosine
+        _real(self, "grow_above_cosine", low, 1.0, optional=True)
         _real(self, "noise_cap_factor", 0.0, math.inf, optional=True)
         _real(self, "grow_below_noise_fraction", 0.0, math.inf, optional=True)
         _real(self, "schedule_decay_ratio", 0.0, 1.0, optional=True)
@@ -145,7 +161,8 @@ class AdaptConfig:
         _real(self, "plateau_relative_tolerance", 0.0, math.inf)
         _real(self, "drift_quantile", 0.0, 1.0)
         _real(self, "drift_rise", 0.0, 1.0)
-        _integer(self, "drift_min_updates", 1)
+        _integer(self, "drift_recent_examples", 1)
+        _integer(self, "drift_reference_examples", 1)
         _integer(self, "min_pieces_per_update", 1)
 
 
@@ -246,9 +263,9 @@ def _trigger(config: AdaptConfig, stats: AdaptStats, current: int) -> tuple[int,
     if stats.drift:
         return -1, "drift: hard examples rising", 0.0
     cosine = stats.mean_cosine
-    if cosine is not None and cosine < config.shrink_below_cosine:
+    if cosine is not None and config.shrink_below_cosine is not None and cosine < config.shrink_below_cosine:
         return -1, f"mean cosine {cosine:.2f} < {config.shrink_below_cosine:.2f}", 0.0
-    if cosine is not None and cosine > config.grow_above_cosine:
+    if cosine is not None and config.grow_above_cosine is not None and cosine > config.grow_above_cosine:
         return 1, f"mean cosine {cosine:.2f} > {config.grow_above_cosine:.2f}", math.inf
     if stats.plateau:
         return 1, "loss plateau", math.inf

@@ -31,8 +31,8 @@ larger step); near 0 or negative: noise or oscillation dominate.
 Loss plateau: the relative change |L_t - L_{t-1}| / |L_{t-1}| stays below a tolerance for a number
 of consecutive checks (`PlateauState`).
 
-Drift (`DriftState`): the share of *hard* examples (per-example loss above a slowly tracked
-reference quantile of earlier losses) rising clearly above the share that quantile implies.
+Drift (`DriftState`): the share of *hard* examples (recent per-example losses above a quantile of
+the losses just before them) rising clearly above the share that quantile implies.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ __all__ = [
     "TwoBatchEstimate",
     "cosine_similarity",
     "drift_detected",
+    "hard_share",
     "is_plateau",
     "mean_agreement",
     "micro_batch_pair",
@@ -259,51 +260,54 @@ def is_plateau(state: PlateauState, checks: int = 5, relative_tolerance: float =
 
 @dataclass(frozen=True)
 class DriftState:
-    """Reference loss threshold (a slow EMA of each batch's `quantile` of per-example losses) and a
-    faster EMA of the share of examples above it. None / 0 before the first batch."""
+    """The latest per-example losses in two consecutive windows, oldest first: `reference` (the
+    examples before the recent ones) and `recent`. Counted in examples, not updates, so the
+    evidence is the same at any batch size (a quantile of one small batch is a biased estimate: of
+    a single example it is that example's loss, the median's estimate, not the 90th percentile's)."""
 
-    reference_loss: float | None = None
-    hard_share_ema: float = 0.0
-    weight: float = 0.0
-    batches: int = 0
+    reference: tuple[float, ...] = ()
+    recent: tuple[float, ...] = ()
 
 
 def update_drift(
     state: DriftState,
     per_example_losses: np.ndarray | Sequence[float],
-    quantile: float = 0.9,
-    reference_decay: float = 0.99,
-    share_decay: float = 0.9,
+    recent_examples: int = 256,
+    reference_examples: int = 1024,
 ) -> DriftState:
-    """Fold one batch's per-example losses in.
-
-    The batch's hard share (losses strictly above the reference *before* this batch moves it) joins
-    the share EMA; then the reference moves towards this batch's `quantile`. While losses fall or
-    stay put the reference lags at or above them and the share stays near or below 1 - quantile; a
-    sudden rise in hard examples (new data, a shifted distribution) pushes the share up until the
-    slow reference catches up. Non-finite losses are dropped; an empty batch changes nothing.
-    """
-    if not 0.0 < quantile < 1.0:
-        raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
+    """Append one batch's per-example losses to the recent window; what falls out of it (the oldest)
+    moves into the reference window, whose oldest fall out. Non-finite losses are dropped."""
+    if recent_examples < 1 or reference_examples < 1:
+        raise ValueError(f"windows must hold >= 1 example, got {recent_examples!r} and {reference_examples!r}")
     losses = np.asarray(per_example_losses, dtype=np.float64).ravel()
     losses = losses[np.isfinite(losses)]
     if losses.size == 0:
         return state
-    batch_quantile = float(np.quantile(losses, quantile))
-    if state.reference_loss is None:
-        return replace(state, reference_loss=batch_quantile, batches=1)  # nothing to compare with yet
-    share = float(np.mean(losses > state.reference_loss))
-    return DriftState(
-        reference_loss=reference_decay * state.reference_loss + (1.0 - reference_decay) * batch_quantile,
-        hard_share_ema=share_decay * state.hard_share_ema + (1.0 - share_decay) * share,
-        weight=share_decay * state.weight + (1.0 - share_decay),
-        batches=state.batches + 1,
-    )
+    recent = state.recent + tuple(float(v) for v in losses)
+    moved, recent = recent[: max(0, len(recent) - recent_examples)], recent[-recent_examples:]
+    reference = (state.reference + moved)[-reference_examples:]
+    return DriftState(reference=reference, recent=recent)
 
 
-def drift_detected(state: DriftState, quantile: float = 0.9, rise: float = 0.1, min_batches: int = 10) -> bool:
-    """True when the bias-corrected hard-share EMA exceeds (1 - quantile) + `rise` after at least
-    `min_batches` batches (e.g. more than 20% of examples above the usual 90th percentile)."""
-    if state.batches < min_batches or state.weight == 0.0:
-        return False
-    return state.hard_share_ema / state.weight > (1.0 - quantile) + rise
+def hard_share(
+    state: DriftState, quantile: float = 0.9, recent_examples: int = 256, reference_examples: int = 1024
+) -> float | None:
+    """Share of the recent losses above the reference window's `quantile`; None until both windows
+    are full. About 1 - quantile while the loss distribution holds still, less while it falls."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
+    if len(state.recent) < recent_examples or len(state.reference) < reference_examples:
+        return None
+    threshold = float(np.quantile(np.asarray(state.reference), quantile))
+    return float(np.mean(np.asarray(state.recent) > threshold))
+
+
+def drift_detected(
+    state: DriftState, quantile: float = 0.9, rise: float = 0.1, recent_examples: int = 256,
+    reference_examples: int = 1024,
+) -> bool:
+    """True when the hard share exceeds (1 - quantile) + `rise` (by default: more than 20% of the
+    recent examples above the reference's 90th percentile; with 256 recent examples the share's
+    standard error at 10% is 1.9 points, so that is ~5 standard errors)."""
+    share = hard_share(state, quantile, recent_examples, reference_examples)
+    return share is not None and share > (1.0 - quantile) + rise

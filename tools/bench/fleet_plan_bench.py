@@ -55,6 +55,7 @@ from harness import (
     ratio_stat,
     stat_of,
     write_json,
+    write_section,
 )
 
 from edgebatch.fleet.plan import PlanDevice, ThroughputPoint, plan_fleet
@@ -573,18 +574,6 @@ def wait_for_load(below: float, limit_seconds: float) -> dict:
     return {"below": below, "seconds": time.monotonic() - started, "reached": reached}
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace this bench's section in `path` (between its markers), or append it at the end."""
-    text = path.read_text()
-    if SECTION_START in text and SECTION_END in text:
-        head, rest = text.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1]
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--effective-batch", type=int, default=1024)
@@ -624,7 +613,7 @@ def main() -> None:
     section = markdown(data)
     print(section)
     if args.benchmarks_md is not None:
-        write_section(args.benchmarks_md, section)
+        write_section(args.benchmarks_md, section, SECTION_START, SECTION_END)
 
 
 if __name__ == "__main__":

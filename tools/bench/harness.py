@@ -230,3 +230,17 @@ def _jsonable(value):
     if hasattr(value, "__dataclass_fields__"):
         return asdict(value)
     raise TypeError(f"not JSON-able: {value!r}")
+
+
+def write_section(path: Path, section: str, start_marker: str, end_marker: str) -> None:
+    """Replace a bench's own section of `path` (from `start_marker` to `end_marker`, both kept in
+    `section`), or append it at the end. tools/bench/report.py keeps such sections when it rewrites
+    the file."""
+    text = path.read_text()
+    if start_marker in text and end_marker in text:
+        head, rest = text.split(start_marker, 1)
+        tail = rest.split(end_marker, 1)[1]
+        text = head + section + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
