@@ -71,15 +71,31 @@ def format_profile(profile) -> str:
             f"  memory model      {format_bytes(model.fixed_bytes)} + {format_bytes(model.per_sample_bytes)}/sample "
             f"(r2 {model.r2:.4f}), predicted ceiling {profile.predicted_ceiling}"
         )
+    if profile.per_length:
+        longest = max(profile.per_length)
+        lines[1:1] = [f"  (max_batch, safe_batch and the memory model are at the longest length, {longest} tokens)"]
+        lines.append(f"  {'tokens':>7}  {'max_batch':>9} {'safe_batch':>10} {'peak':>11}")
+        for length, ceiling in sorted(profile.per_length.items()):
+            lines.append(
+                f"  {length:>7}  {ceiling.max_batch:>9} {ceiling.safe_batch:>10} {format_bytes(ceiling.peak_bytes):>11}"
+            )
+    token_model = profile.token_model
+    if token_model is not None:
+        lines.append(
+            f"  token model       {format_bytes(token_model.fixed_bytes)} + {token_model.per_token_bytes:,.0f} bytes x batch x tokens + "
+            f"{token_model.per_token_squared_bytes:,.1f} bytes x batch x tokens^2 (r2 {token_model.r2:.4f}, {token_model.points} readings)"
+        )
     ran = sum(1 for trial in profile.trials if trial.measured)
     lines.append(f"  trials            {ran} run, {len(profile.trials) - ran} skipped, {profile.probe_seconds:.1f} s")
     lines.append("")
-    lines.append(f"  {'batch':>7}  {'result':<22} {'peak':>11} {'step s':>8} {'samples/s':>10}")
-    for trial in sorted(profile.trials, key=lambda t: t.batch):
+    tokens = profile.per_length is not None
+    lines.append(f"  {'tokens  ' if tokens else ''}{'batch':>7}  {'result':<22} {'peak':>11} {'step s':>8} {'samples/s':>10}")
+    for trial in sorted(profile.trials, key=lambda t: (t.seq_len or 0, t.batch)):
         result = "ok" if trial.ok else (trial.error or "failed").replace("_", " ")
         step = f"{trial.step_seconds:.3f}" if trial.step_seconds else "-"
         rate = f"{trial.samples_per_second:.1f}" if trial.samples_per_second else "-"
-        lines.append(f"  {trial.batch:>7}  {result:<22} {format_bytes(trial.peak_bytes):>11} {step:>8} {rate:>10}")
+        length = f"{trial.seq_len or '-':>6}  " if tokens else ""
+        lines.append(f"  {length}{trial.batch:>7}  {result:<22} {format_bytes(trial.peak_bytes):>11} {step:>8} {rate:>10}")
     return "\n".join(lines)
 
 

@@ -59,6 +59,10 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
         click.option("--trial-seconds", type=click.FloatRange(min=0, min_open=True),
                      default=_DEFAULTS.trial_seconds, show_default=True,
                      help="Stop a trial's timed steps after this long (at least one step runs)."),
+        click.option("--seq-lens", default=None, metavar="L1,L2,...",
+                     help="Sequence lengths in tokens to probe a model with a variable sequence axis at, e.g. "
+                          "64,128,256,512: the ceiling at each and a token memory model for any length. Default for "
+                          "transformer_tiny and lstm_small: 64 doubling up to 512."),
         click.option("--strategy", type=click.Choice(STRATEGIES), default=_DEFAULTS.strategy, show_default=True,
                      help="Search strategy; the others are the peers' finders, kept as baselines (BENCHMARKS.md)."),
     ]

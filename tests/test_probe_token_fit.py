@@ -109,3 +109,14 @@ def test_the_default_ladder_doubles_up_to_the_longest(max_length, ladder):
 )
 def test_the_two_ends_are_probed_first(lengths, order):
     assert token_fit.probe_order(lengths) == order
+
+
+def test_a_profiles_ceiling_at_any_length_uses_its_budget_margin_and_headroom():
+    from profile_factory import make_profile
+
+    model = TokenMemoryModel(1000 * MIB, 10_000.0, 100.0, 0.999, 8, (64, 512))
+    profile = make_profile(per_length={64: LengthCeiling(300, 270, 1900 * MIB)}, token_model=model,
+                           budget_bytes=2048 * MIB, headroom=0.1)
+    assert token_fit.profile_ceiling_at_length(profile, 64) == LengthCeiling(300, 270, 1900 * MIB)
+    predicted = token_fit.profile_ceiling_at_length(profile, 256)
+    assert predicted.max_batch == model.batch_for_bytes(2048 * MIB * 0.975, 256) and not predicted.measured

@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from edgebatch.errors import ProbeError, UsageError
-from edgebatch.probing import summary
+from edgebatch.probing import per_length, summary, token_fit
 from edgebatch.probing.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
 from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
 from edgebatch.probing.outcomes import DEFAULT_MAX_BATCH_LIMIT, DEFAULT_START_BATCH, DEFAULT_STRATEGY
@@ -94,10 +94,17 @@ class ProbeRequest:
     trial_seconds: float = DEFAULT_TRIAL_SECONDS
     strategy: str = DEFAULT_STRATEGY
     worker_address_space_headroom_bytes: int | None = None
+    # Sequence lengths (tokens) to probe a model with a variable sequence axis at: "64,128,256" or
+    # a sequence of ints. None: a built-in sequence model's default ladder (token_fit.default_lengths),
+    # a plain probe for every other model (per_length.resolve_lengths).
+    seq_lens: str | tuple[int, ...] | None = None
 
-    def search_settings(self) -> dict:
-        """The settings a profile records under `search` (reuse.py compares those that change the answer)."""
-        return {
+    def search_settings(self, seq_lens: tuple[int, ...] | None = None) -> dict:
+        """The settings a profile records under `search` (reuse.py compares those that change the answer).
+
+        `seq_lens`: the lengths a probe per length resolved (recorded only then).
+        """
+        settings = {
             "strategy": self.strategy,
             "start": self.start,
             "multiple": self.multiple,
@@ -105,6 +112,9 @@ class ProbeRequest:
             "steps_per_trial": self.steps_per_trial,
             "trial_seconds": self.trial_seconds,
         }
+        if seq_lens:
+            settings["seq_lens"] = list(seq_lens)
+        return settings
 
     def validate(self) -> None:
         if self.precision not in PRECISIONS:
@@ -127,6 +137,7 @@ class ProbeRequest:
             )
         if self.trial_seconds <= 0:
             raise UsageError(f"trial seconds must be positive, got {self.trial_seconds!r}")
+        token_fit.parse_seq_lens(self.seq_lens)
 
 
 def probe(
@@ -143,7 +154,10 @@ def probe(
     `model` is a built-in name, "FILE.py:FUNCTION", a ".keras" path, or a Keras model object (saved
     to a temporary .keras file for the worker). `options` are ProbeRequest's fields, with its
     defaults: device, memory_budget, allow_overcommit, precision, optimizer, optimize, start, max_batch_limit,
-    multiple, headroom, steps_per_trial, trial_seconds, strategy, worker_address_space_headroom_bytes.
+    multiple, headroom, steps_per_trial, trial_seconds, strategy, worker_address_space_headroom_bytes, seq_lens.
+    A model with a variable sequence axis (transformer_tiny, lstm_small, your own with an input of
+    shape (None,)) is probed per length: `seq_lens` ("64,128,256" or ints; a built-in's default is
+    a ladder up to its longest length) and the profile's `per_length` and `token_model` (per_length.py).
     A cached profile is returned, unless `force`, only where it answers this request: same device
     (fingerprint, memory limit included) and model key, the same settings that change the answer,
     and a budget within 3% (probing/reuse.py); `progress` is told why it was or was not reused. See
@@ -178,6 +192,7 @@ def probe(
 def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=True, progress: Progress = print) -> DeviceProfile:
     request.validate()
     spec = parse_model_spec(request.model)
+    lengths = per_length.resolve_lengths(spec, request.seq_lens)
     device = (request.device or default_device()).upper()
     facts = device_facts(device)
     budget_bytes, budget_source = resolve_budget(device, request.memory_budget, request.allow_overcommit)
@@ -198,6 +213,8 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         steps_per_trial=request.steps_per_trial,
         trial_seconds=request.trial_seconds,
         address_space_headroom_bytes=request.worker_address_space_headroom_bytes,
+        # The scout runs the first length a probe per length searches.
+        sequence_length=token_fit.probe_order(lengths)[0] if lengths else None,
     )
     started = time.monotonic()
     progress(f"probing {spec.text} on {device} ({facts.description}), budget {format_bytes(budget_bytes)} ({budget_source})")
@@ -216,6 +233,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         config = dataclasses.replace(config, baseline_bytes=baseline)
         # Built-ins are known by their name; a user's function or file by the model's own name.
         name = spec.name if spec.kind == "builtin" else model_facts["name"]
+        per_length.check_sequence_axis(name, lengths, model_facts.get("variable_sequence_axis", False))
         key = model_key(
             name,
             model_facts["config_hash"],
@@ -224,12 +242,13 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             request.optimizer,
             model_facts["tensorflow"],
             optimize=request.optimize,
+            seq_lens=lengths,
         )
         fingerprint = facts.fingerprint
         directory = resolve_profiles_dir(profiles_dir)
         cached = None if force else find_profile(directory, fingerprint, key)
         if cached is not None:
-            problem = _reuse_problem(cached, request, budget_bytes)
+            problem = _reuse_problem(cached, request, budget_bytes, lengths)
             if problem is None:
                 progress(
                     f"reusing cached profile {directory / cached.path_name}: same device, model and settings, "
@@ -244,21 +263,30 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             f"model {model_facts['name']}: {model_facts['parameters']:,} parameters, {model_facts['keras_flavor']}{optimized}"
         )
         fork = _FreshWorkers(device, budget_bytes, progress)
-        trials, final = _search(config, setup, workers, measure, progress, fork)
+        if lengths:
+            by_length = per_length.search_lengths(lengths, config, setup, workers, measure, progress, fork, _search)
+        else:
+            trials, final = _search(config, setup, workers, measure, progress, fork)
     finally:
         for worker in workers:
             worker.close()
         if fork is not None:
             fork.close()  # after its children: they die with it
-    if final.max_batch is None:
-        raise ProbeError(
-            f"no batch of {request.multiple} or more fits the budget of {format_bytes(budget_bytes)} on {device}: "
-            "raise --memory-budget, use a smaller model or input, or lower --multiple"
+    if lengths:
+        profile = _per_length_profile(
+            request, name, device, facts, fingerprint, key, model_facts, budget_bytes, budget_source, measure,
+            by_length, lengths, time.monotonic() - started,
         )
-    profile = _build_profile(
-        request, name, device, facts, fingerprint, key, model_facts, budget_bytes, budget_source, measure,
-        trials, final.max_batch, time.monotonic() - started,
-    )
+    else:
+        if final.max_batch is None:
+            raise ProbeError(
+                f"no batch of {request.multiple} or more fits the budget of {format_bytes(budget_bytes)} on {device}: "
+                "raise --memory-budget, use a smaller model or input, or lower --multiple"
+            )
+        profile = _build_profile(
+            request, name, device, facts, fingerprint, key, model_facts, budget_bytes, budget_source, measure,
+            trials, final.max_batch, time.monotonic() - started,
+        )
     if save:
         path = save_profile(profile, directory)
         progress(f"saved {path}")
@@ -389,12 +417,13 @@ def _trial_line(trial: Trial) -> str:
     )
 
 
-def _reuse_problem(cached: DeviceProfile, request: ProbeRequest, budget_bytes: int) -> str | None:
+def _reuse_problem(cached: DeviceProfile, request: ProbeRequest, budget_bytes: int,
+                   lengths: tuple[int, ...] | None = None) -> str | None:
     return reuse_problem(
         cached_search=cached.search,
         cached_headroom=cached.headroom,
         cached_budget_bytes=cached.budget_bytes,
-        requested_search=request.search_settings(),
+        requested_search=request.search_settings(lengths),
         requested_headroom=request.headroom,
         requested_budget_bytes=budget_bytes,
     )
@@ -410,9 +439,33 @@ def _refuse_budget_below_baseline(budget_bytes: int, model_facts: dict, measure:
         )
 
 
+def _per_length_profile(request, name, device, facts: DeviceFacts, fingerprint, key, model_facts, budget_bytes,
+                        budget_source, measure, by_length, lengths, probe_seconds) -> DeviceProfile:
+    """The profile of a probe per length: the longest length's answer on top, every length in `per_length`."""
+    missing = [length for length, (_, max_batch) in by_length.items() if max_batch is None]
+    if missing:
+        raise ProbeError(
+            f"no batch of {request.multiple} or more fits the budget of {format_bytes(budget_bytes)} on {device} "
+            f"at {missing[0]} tokens: raise --memory-budget, probe shorter --seq-lens, or lower --multiple"
+        )
+    fit_budget = fit_budget_bytes(budget_bytes)
+    lengths_summary = per_length.summarise_lengths(by_length, fit_budget, request.headroom, request.multiple)
+    longest = max(by_length)
+    trials = [trial for length_trials, _ in by_length.values() for trial in length_trials]
+    profile = _build_profile(
+        request, name, device, facts, fingerprint, key, model_facts, budget_bytes, budget_source, measure,
+        by_length[longest][0], by_length[longest][1], probe_seconds, model=lengths_summary.lines[longest],
+        seq_lens=lengths,
+    )
+    return dataclasses.replace(
+        profile, trials=tuple(trials), per_length=lengths_summary.per_length, token_model=lengths_summary.token_model
+    )
+
+
 def _build_profile(request, name, device, facts: DeviceFacts, fingerprint, key, model_facts, budget_bytes,
-                   budget_source, measure, trials, max_batch, probe_seconds) -> DeviceProfile:
-    model = summary.memory_model_of(trials)
+                   budget_source, measure, trials, max_batch, probe_seconds, model=None, seq_lens=None) -> DeviceProfile:
+    """The profile of `trials`; `model` (a probe per length: the line at its longest length) replaces their own."""
+    model = model if model is not None else summary.memory_model_of(trials)
     fit_budget = fit_budget_bytes(budget_bytes)
     # One reading of the trials for both: the safe batch stays under the search's answer and under
     # every failure that counts (summary.safe_batch_of), with no fallback of its own.
@@ -463,7 +516,7 @@ def _build_profile(request, name, device, facts: DeviceFacts, fingerprint, key, 
         predicted_ceiling=predicted,
         trials=tuple(trials),
         probe_seconds=round(probe_seconds, 2),
-        search=request.search_settings(),
+        search=request.search_settings(seq_lens),
     )
 
 

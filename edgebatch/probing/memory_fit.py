@@ -149,3 +149,21 @@ def turn_to_fresh(model: MemoryModel, fresh: Sequence[tuple[int, float]]) -> Mem
     if local.predict_bytes(max(batches)) > turned.predict_bytes(max(batches)):
         return turned
     return local
+
+
+def prior_through_readings(prior: MemoryModel, readings: Sequence[Reading]) -> MemoryModel:
+    """A line known beforehand, turned about its intercept through these readings (least squares).
+
+    A probe per length knows the line at a new length from the token memory model fitted over the
+    others (probing/token_fit.py): its intercept is the process's fixed cost, the same at every
+    length, and its slope the prediction. Readings at this length move the slope to where they
+    are, up or down, as soon as there is one; without readings (or with a slope that does not grow)
+    the prior stands.
+    """
+    points = [(batch, peak) for batch, peak, _ in readings if batch > 0]
+    if not points:
+        return prior
+    slope = sum((peak - prior.fixed_bytes) * batch for batch, peak in points) / sum(batch**2 for batch, _ in points)
+    if slope <= 0:
+        return prior
+    return dataclasses.replace(prior, per_sample_bytes=slope, points=prior.points + len(points))

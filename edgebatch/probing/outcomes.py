@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgebatch.errors import UsageError
+from edgebatch.profiles.model import MemoryModel
 
 # The last three are the peers' finders, for benchmarks (baselines.py): Accelerate's shrink-on-OOM
 # (x0.9 now, x0.5 before) and a DeepSpeed-style one-shot estimate.
@@ -52,6 +53,10 @@ class SearchConfig:
     # The worker's memory before any trial batch (same measure as the peaks); only the
     # one_shot_estimate baseline reads it.
     baseline_bytes: int | None = None
+    # slow_start only: a line known before the first trial (a probe per length: the token memory
+    # model at this length, probing/token_fit.py). The search starts just under its ceiling, in
+    # fresh workers, and steers by it turned through this search's own readings (search.py).
+    prior_model: MemoryModel | None = None
 
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:

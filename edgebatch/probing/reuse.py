@@ -30,6 +30,8 @@ ANSWER_SETTINGS = {
     "strategy": "--strategy",
     "steps_per_trial": "--steps-per-trial",
     "trial_seconds": "--trial-seconds",
+    # A probe per sequence length records its lengths (the model key holds them too).
+    "seq_lens": "--seq-lens",
 }
 
 
@@ -46,7 +48,7 @@ def reuse_problem(
     if not cached_search:
         return "it records no search settings (written by an older edgebatch)"
     for name, option in ANSWER_SETTINGS.items():
-        cached, requested = cached_search.get(name), requested_search[name]
+        cached, requested = cached_search.get(name), requested_search.get(name)
         if cached != requested:
             return f"it was probed with {option} {cached}, this probe asks for {requested}"
     if abs(cached_headroom - requested_headroom) > 1e-9:

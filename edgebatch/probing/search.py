@@ -44,7 +44,7 @@ import math
 from collections.abc import Sequence
 
 from edgebatch.probing import baselines
-from edgebatch.probing.memory_fit import bump_excess_bytes, memory_model_of
+from edgebatch.probing.memory_fit import bump_excess_bytes, memory_model_of, prior_through_readings
 from edgebatch.probing.outcomes import (
     STRATEGIES,
     Done,
@@ -88,8 +88,9 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
         return baselines.next_step(config, outcomes)
     budget = config.budget_bytes
     cap = round_down(config.max_batch_limit, config.multiple)
+    prior = config.prior_model if config.strategy == "slow_start" else None
     if not outcomes:
-        return Run(first_batch(config))
+        return Run(first_batch(config)) if prior is None else _start_at_prior(config, prior, cap)
 
     if config.strategy == "slow_start":
         edge = edge_of(outcomes, budget)
@@ -98,7 +99,11 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
         # Lightning's finders as they are: the last fit, and the first failure above it.
         lo = max((o.batch for o in outcomes if o.fits(budget)), default=0)
         hi = min((o.batch for o in outcomes if not o.fits(budget) and o.batch > lo), default=None)
-    model = usable_model(outcomes) if config.strategy == "slow_start" else None
+    if prior is not None:
+        # The prior's intercept is the process's; its slope moves to this search's readings.
+        model = prior_through_readings(prior, readings_of(outcomes))
+    else:
+        model = usable_model(outcomes) if config.strategy == "slow_start" else None
 
     if hi is None:
         step = _grow(config, lo, cap, model)
@@ -114,6 +119,13 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
     if config.strategy == "slow_start" and config.fresh_endgame:
         return _fresh_endgame(step, outcomes, hi, model)
     return step
+
+
+def _start_at_prior(config: SearchConfig, prior: MemoryModel, cap: int) -> Run:
+    """The first trial of a search with a prior line: just under its ceiling, in a fresh worker."""
+    step = config.multiple
+    ceiling = prior.batch_for_bytes(config.budget_bytes)
+    return Run(min(max(round_down(ceiling * (1 - config.jump_margin), step), step), cap), fresh=True)
 
 
 def _confirm_above_bump(
@@ -197,10 +209,16 @@ def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None, h
     """
     step = config.multiple
     if lo == 0:
-        # Nothing fits yet: back off (halve) toward the smallest allowed batch.
+        # Nothing fits yet: back off (halve) toward the smallest allowed batch; with a prior line
+        # (turned through the failure's reading), to just under its ceiling when that is lower.
         if hi <= step:
             return Done(None)
-        return _maybe_skip(config, max(round_down(hi // 2, step), step), model)
+        candidate = max(round_down(hi // 2, step), step)
+        if config.prior_model is not None and model is not None:
+            guess = round_down(model.batch_for_bytes(config.budget_bytes) * (1 - config.jump_margin), step)
+            if step <= guess < hi:
+                candidate = guess
+        return _maybe_skip(config, candidate, model)
     if hi - lo <= max(step, config.tolerance * lo):
         return Done(lo)
     midpoint = round_down((lo + hi) // 2, step)

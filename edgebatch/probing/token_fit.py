@@ -31,7 +31,7 @@ TokenReading = tuple[int, int, float]
 
 __all__ = [
     "LADDER_START_LENGTH", "LengthCeiling", "TokenMemoryModel", "TokenReading", "ceiling_at_length",
-    "default_lengths", "fit_token_model", "parse_seq_lens", "probe_order", "trusted",
+    "default_lengths", "fit_token_model", "parse_seq_lens", "probe_order", "profile_ceiling_at_length", "trusted",
 ]
 
 
@@ -156,6 +156,20 @@ def ceiling_at_length(
     safe = token_model.batch_for_bytes(fit_budget_bytes * (1 - headroom), length) // multiple * multiple
     return LengthCeiling(
         max_batch=top, safe_batch=min(safe, top), peak_bytes=int(token_model.predict_bytes(top, length)), measured=False
+    )
+
+
+def profile_ceiling_at_length(profile, length: int) -> LengthCeiling:
+    """ceiling_at_length for a probe per length's DeviceProfile: its table, model, budget and headroom."""
+    from edgebatch.probing.api import fit_budget_bytes
+
+    return ceiling_at_length(
+        length,
+        per_length=profile.per_length,
+        token_model=profile.token_model,
+        fit_budget_bytes=fit_budget_bytes(profile.budget_bytes),
+        headroom=profile.headroom,
+        multiple=int(profile.search.get("multiple", 1)),
     )
 
 

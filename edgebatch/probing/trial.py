@@ -41,9 +41,15 @@ def resident_peak_settled(peaks: list[int]) -> bool:
 
 @dataclass(frozen=True)
 class InputSpec:
-    shape: tuple[int, ...]  # without the batch dimension
+    shape: tuple[int, ...]  # without the batch dimension; a variable axis at the trial's sequence length
     dtype: str
     vocabulary: int | None = None  # integer inputs: token ids are drawn from [0, vocabulary)
+    # The shape as the model declares it (None: a variable sequence axis); the step is traced with it.
+    declared_shape: tuple[int | None, ...] | None = None
+
+    @property
+    def variable(self) -> bool:
+        return self.declared_shape is not None and None in self.declared_shape
 
 
 @dataclass(frozen=True)
@@ -105,9 +111,12 @@ def swap_grew(swap_before_bytes: int | None, swap_after_bytes: int | None) -> bo
 class TrialRunner:
     """Builds the training step for a model once and runs trials at any batch size."""
 
-    def __init__(self, model, *, optimizer: str = "adam", device: str = "CPU:0", callbacks: list | tuple = ()):
+    def __init__(self, model, *, optimizer: str = "adam", device: str = "CPU:0", callbacks: list | tuple = (),
+                 sequence_length: int | None = None):
         """`callbacks`: Keras callbacks the loop drives as `fit` would (set_model and on_train_begin
-        now, on_train_batch_begin before each step), e.g. TFMOT's UpdatePruningStep (zoo.training_callbacks)."""
+        now, on_train_batch_begin before each step), e.g. TFMOT's UpdatePruningStep (zoo.training_callbacks).
+        `sequence_length`: the tokens per example of a model with a variable sequence axis (its
+        input's None dimensions); the step is traced with the axis left open, as training traces it."""
         import tensorflow as tf
 
         from edgebatch.zoo import keras_flavor
@@ -116,7 +125,8 @@ class TrialRunner:
         self.device = device
         self.flavor = keras_flavor(model)
         self.keras = importlib.import_module("tf_keras" if self.flavor == "tf_keras" else "keras")
-        self.inputs = input_specs(model)
+        self.sequence_length = sequence_length
+        self.inputs = input_specs(model, sequence_length)
         self.target = target_spec(model)
         self.optimizer_name = optimizer
         self.optimizer = make_optimizer(self.keras, optimizer)
@@ -135,7 +145,7 @@ class TrialRunner:
         import tensorflow as tf
 
         model, optimizer, loss_fn = self.model, self.optimizer, self.loss
-        x_signature = tuple(tf.TensorSpec((None, *spec.shape), spec.dtype) for spec in self.inputs)
+        x_signature = tuple(tf.TensorSpec((None, *(spec.declared_shape or spec.shape)), spec.dtype) for spec in self.inputs)
         y_dtype = "int32" if self.target.kind == "classification" else "float32"
         y_signature = tf.TensorSpec((None, *self.target.shape), y_dtype)
         single_input = len(self.inputs) == 1
@@ -164,7 +174,10 @@ class TrialRunner:
 
         x = []
         for spec in self.inputs:
-            if spec.dtype.startswith("int"):
+            if spec.dtype.startswith("int") and spec.variable:
+                # Every position a real token (ids from 1; 0 is padding): the full length is measured.
+                x.append(tf.random.uniform((batch, *spec.shape), 1, max(2, spec.vocabulary or DEFAULT_VOCABULARY), dtype=spec.dtype))
+            elif spec.dtype.startswith("int"):
                 x.append(tf.random.uniform((batch, *spec.shape), 0, spec.vocabulary or DEFAULT_VOCABULARY, dtype=spec.dtype))
             else:
                 x.append(tf.random.uniform((batch, *spec.shape), dtype=spec.dtype))
@@ -261,7 +274,9 @@ class TrialRunner:
         return {
             "name": self.model.name,
             "config_hash": config_hash(architecture_description(self.model)),
-            "inputs": [{"shape": list(spec.shape), "dtype": spec.dtype} for spec in self.inputs],
+            # As declared: a variable sequence axis stays None (the lengths are the probe's, not the model's).
+            "inputs": [{"shape": list(spec.declared_shape or spec.shape), "dtype": spec.dtype} for spec in self.inputs],
+            "variable_sequence_axis": any(spec.variable for spec in self.inputs),
             "parameters": int(sum(int(_size(v.shape)) for v in self.model.trainable_variables)),
             "keras_flavor": self.flavor,
         }
@@ -327,20 +342,26 @@ def _walk_layers(model):
             yield from _walk_layers(layer)
 
 
-def input_specs(model) -> list[InputSpec]:
+def input_specs(model, sequence_length: int | None = None) -> list[InputSpec]:
+    """The model's inputs; dimensions it leaves open (a variable sequence axis) at `sequence_length`.
+
+    Without a `sequence_length`, an open dimension is a UsageError naming --seq-lens.
+    """
     vocabulary = next(
         (int(layer.input_dim) for layer in _walk_layers(model) if type(layer).__name__ == "Embedding"), None
     )
     specs = []
     for tensor in model.inputs:
-        shape = tuple(tensor.shape[1:])
-        if any(dim is None for dim in shape):
+        declared = tuple(None if dim is None else int(dim) for dim in tensor.shape[1:])
+        if None in declared and sequence_length is None:
             raise UsageError(
-                f"model input {getattr(tensor, 'name', '?')!r} has shape {tuple(tensor.shape)}: the probe needs every "
-                "dimension but the batch fixed (build the model with a concrete input shape)"
+                f"model input {getattr(tensor, 'name', '?')!r} has shape {tuple(tensor.shape)}: a variable sequence "
+                "axis is probed per length (--seq-lens 64,128,256), or build the model with a concrete input shape"
             )
+        shape = tuple(sequence_length if dim is None else dim for dim in declared)
         dtype = tensor.dtype if isinstance(tensor.dtype, str) else tensor.dtype.name
-        specs.append(InputSpec(tuple(int(d) for d in shape), dtype, vocabulary if dtype.startswith("int") else None))
+        specs.append(InputSpec(shape, dtype, vocabulary if dtype.startswith("int") else None,
+                               declared if None in declared else None))
     return specs
 
 

@@ -93,6 +93,8 @@ class WorkerSetup:
     trial_seconds: float = DEFAULT_TRIAL_SECONDS
     prewarm_batch: int | None = None
     prewarm_steps: int = 0
+    # Tokens per example for a model with a variable sequence axis (a probe per length); None otherwise.
+    sequence_length: int | None = None
     # Cap the worker's address space at (its size after setup + this many bytes), so that an
     # over-budget allocation fails as a clean ResourceExhaustedError
     # (docs/tensorflow-memory.md#address-space-caps).
@@ -521,7 +523,7 @@ def worker_main() -> int:
             base_model = build_base_model(parse_model_spec(setup.model_spec), setup.precision, setup.optimize)
             model = optimize_model(base_model, setup.optimize)
         runner = TrialRunner(model, optimizer=setup.optimizer, device=setup.device,
-                             callbacks=training_callbacks(model, setup.optimize))
+                             callbacks=training_callbacks(model, setup.optimize), sequence_length=setup.sequence_length)
         # Trace now, at batch 1, so that no trial pays for tracing (the signature has batch None).
         runner.run_steps(1, 1)
         prewarm_seconds = []

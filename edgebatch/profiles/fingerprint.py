@@ -98,6 +98,7 @@ def model_key(
     optimizer: str,
     tf_version: str,
     optimize: str = "none",
+    seq_lens: tuple[int, ...] | list[int] | None = None,
 ) -> str:
     """A file-name-safe key for a model and its training setup, e.g. 'mobilenet_v2-float32-adam-tf2.21-1a2b3c4d'.
 
@@ -105,7 +106,9 @@ def model_key(
     kernels' memory use enough to re-probe, a minor release can). A TFMOT `optimize` ("qat",
     "prune") joins the slug after the optimizer ('mobilenet_v2-float32-adam-qat-tf2.21-...') and
     the hash; "none" leaves both as they were before optimisations were counted, so older
-    profiles are still found.
+    profiles are still found. A probe per sequence length adds its lengths to the hash and
+    `len<shortest>-<longest>` to the slug ('transformer_tiny-float32-adam-len64-512-tf2.21-...'), so
+    its profile is never taken for another set of lengths or for a plain probe's.
     """
     if not isinstance(inputs, (list, tuple)):
         raise ValueError(f"inputs must be a list of {{'shape': [...], 'dtype': ...}} dicts, got {inputs!r}")
@@ -126,6 +129,10 @@ def model_key(
     if optimize is not None and str(optimize) != "none":
         facts["optimize"] = str(optimize)
         parts.append(_slug(optimize, _MAX_NAME_SLUG_CHARS, keep="_.") or "optimize")
+    if seq_lens:
+        lengths = sorted({int(length) for length in seq_lens})
+        facts["seq_lens"] = lengths
+        parts.append(f"len{lengths[0]}-{lengths[-1]}")
     parts += [f"tf{_slug(tf_minor, 16, keep='.')}", _short_hash(facts, 8)]
     return "-".join(parts)
 

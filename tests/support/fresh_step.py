@@ -5,7 +5,11 @@ probe's measurement cannot also hide in the truth; it builds its training state 
 training does (see the optimizer below). Prints one JSON line:
 {"batch", "ok", "peak_bytes" (VmHWM), "error"}.
 
-usage: python fresh_step.py MODEL_SPEC BATCH STEPS [ADDRESS_SPACE_HEADROOM_BYTES]
+usage: python fresh_step.py MODEL_SPEC BATCH STEPS [ADDRESS_SPACE_HEADROOM_BYTES] [--seq-len=TOKENS]
+
+--seq-len: a model with a variable sequence axis (input (None,)) trains on TOKENS tokens per example,
+every one a real token (ids from 1; 0 is padding), with the step traced for any length, as training
+with padded batches traces it.
 """
 
 import json
@@ -26,8 +30,10 @@ def status_bytes(field):
 
 
 def main():
-    spec, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    headroom = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    seq_len = next((int(arg.split("=", 1)[1]) for arg in sys.argv if arg.startswith("--seq-len=")), None)
+    args = [arg for arg in sys.argv if not arg.startswith("--seq-len=")]
+    spec, batch, steps = args[1], int(args[2]), int(args[3])
+    headroom = int(args[4]) if len(args) > 4 else None
     import keras
     import tensorflow as tf
 
@@ -38,24 +44,33 @@ def main():
     classes = model.outputs[0].shape[-1]
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x_shape = tuple(model.inputs[0].shape[1:])
+    x_dtype = "float32"
+    if seq_len is not None:
+        x_dtype = model.inputs[0].dtype if isinstance(model.inputs[0].dtype, str) else model.inputs[0].dtype.name
+        vocabulary = next(layer.input_dim for layer in model.layers if type(layer).__name__ == "Embedding")
+    data_shape = tuple(seq_len if dim is None else dim for dim in x_shape)
     # The optimizer's slots are made before the step is traced, as Keras 3's fit and edgebatch.fit
     # make them. Left to the first traced call, they cost mobilenet_v2 at batch 42 about 150 MiB
     # more resident peak (1591-1665 MiB against 1450 MiB, 16 steps, fresh processes); dense_wide at
     # 300 and small_cnn at 320 moved by under 1% (8 and 7 MiB).
     optimizer.build(model.trainable_variables)
 
-    @tf.function(input_signature=[tf.TensorSpec((None, *x_shape)), tf.TensorSpec((None,), tf.int32)])
+    @tf.function(input_signature=[tf.TensorSpec((None, *x_shape), x_dtype), tf.TensorSpec((None,), tf.int32)])
     def train(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
-    train(tf.zeros((1, *x_shape)), tf.zeros((1,), tf.int32)).numpy()  # trace, as real training would
+    first = tf.zeros((1, *data_shape), x_dtype) if seq_len is None else tf.ones((1, *data_shape), x_dtype)
+    train(first, tf.zeros((1,), tf.int32)).numpy()  # trace, as real training would
     if headroom is not None:
         resource.setrlimit(resource.RLIMIT_AS, (status_bytes("VmSize") + headroom, resource.RLIM_INFINITY))
     try:
-        x = tf.random.uniform((batch, *x_shape))
+        if seq_len is None:
+            x = tf.random.uniform((batch, *data_shape))
+        else:
+            x = tf.random.uniform((batch, *data_shape), 1, vocabulary, x_dtype)
         y = tf.random.uniform((batch,), 0, classes, tf.int32)
         for _ in range(steps):
             train(x, y).numpy()

@@ -27,11 +27,17 @@ MAX_CHECKS = 14
 PARALLEL_CHECKS = 2
 
 
-def fresh_check(model_spec: str, batch: int, budget_bytes: int | None, headroom_bytes: int | None) -> dict:
-    """One fresh-process run at `batch`: fits = it ran (and, with a budget, its peak fit the budget)."""
+def fresh_check(model_spec: str, batch: int, budget_bytes: int | None, headroom_bytes: int | None,
+                seq_len: int | None = None) -> dict:
+    """One fresh-process run at `batch`: fits = it ran (and, with a budget, its peak fit the budget).
+
+    `seq_len`: tokens per example for a model with a variable sequence axis.
+    """
     args = [str(FRESH_STEP), model_spec, str(batch), str(TRUTH_STEPS)]
     if headroom_bytes is not None:
         args.append(str(headroom_bytes))
+    if seq_len is not None:
+        args.append(f"--seq-len={seq_len}")
     child = run_child(args, CHECK_TIMEOUT_SECONDS)
     reply = child.reply or {}
     ok = bool(reply.get("ok"))
@@ -57,6 +63,7 @@ def measure_truth(
     seconds_left,
     resolution: float = 0.01,
     check_cost_seconds: float = 15.0,
+    seq_len: int | None = None,
 ) -> dict:
     """The largest batch that fits in a fresh process, near the methods' answers.
 
@@ -74,7 +81,8 @@ def measure_truth(
     with ThreadPoolExecutor(max_workers=PARALLEL_CHECKS) as pool:
 
         def run_checks(batches: list[int]) -> None:
-            futures = {b: pool.submit(fresh_check, model_spec, b, budget_bytes, headroom_bytes) for b in batches}
+            extra = {"seq_len": seq_len} if seq_len is not None else {}
+            futures = {b: pool.submit(fresh_check, model_spec, b, budget_bytes, headroom_bytes, **extra) for b in batches}
             for batch, future in futures.items():
                 result = checks[batch] = future.result()
                 detail = " ".join(str(result["error"] or result["peak_bytes"]).split())[:80]
