@@ -139,6 +139,8 @@ def test_bad_adapt_settings_are_usage_errors():
     elastic = Governor(GovernorConfig(ceiling_batch=8, effective_batch=8, mode="elastic"))
     with pytest.raises(UsageError, match="mode='fixed'"):
         fit(make_model(), make_dataset(x, y), adapt=AdaptConfig(), governor=elastic, **arguments)
+    with pytest.raises(UsageError, match="fixed_micro_batch"):
+        fit(make_model(), make_dataset(x, y), adapt=AdaptConfig(), batch_norm="fixed_micro_batch", **arguments)
     small = Governor(GovernorConfig(ceiling_batch=4, effective_batch=4))
     with pytest.raises(UsageError, match="at least the starting batch"):
         fit(make_model(), make_dataset(x, y), adapt=AdaptConfig(), governor=small, **arguments)

@@ -31,10 +31,15 @@ from edgebatch.errors import UsageError
 __all__ = ["AdaptiveBatch", "check_adapt"]
 
 
-def check_adapt(adapt: Any, governor_config: Any, replicas: int) -> None:
+def check_adapt(adapt: Any, governor_config: Any, replicas: int, batch_norm: str = "allow") -> None:
     """UsageError for an adapt setting fit cannot run."""
     if not isinstance(adapt, AdaptConfig):
         raise UsageError(f"adapt must be an edgebatch.adapt.AdaptConfig, got {adapt!r}")
+    if batch_norm == "fixed_micro_batch":
+        raise UsageError(
+            "adapt=... moves the effective batch, and with it the micro-batch: batch_norm='fixed_micro_batch' "
+            "cannot hold; use batch_norm='allow' (or no adapt)"
+        )
     if replicas > 1:
         raise UsageError("adapt=... is not supported under MirroredStrategy yet: train on one device, or drop adapt")
     if governor_config.mode != "fixed":

@@ -203,8 +203,8 @@ def fit(
     if problem is not None:
         raise UsageError(problem)
     if adapt is not None:
-        check_adapt(adapt, governor.config, replicas)
-    refuse_unsupported_precision(model, optimizer)
+        check_adapt(adapt, governor.config, replicas, batch_norm)
+    refuse_unsupported_precision(model, optimizer, strategy)
     injected_oom_plan()  # a malformed EDGEBATCH_INJECT_OOM fails now, before any work
     # Under a strategy everything from here runs in its scope: optimizer slots, accumulators and
     # restored variables are then the strategy's (mirrored) ones.

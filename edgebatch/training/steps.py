@@ -39,6 +39,19 @@ accumulated gradient and that one's squared norm, and then stores the current on
 previous: one more copy of the trainable variables (`previous`), checkpointed with the run. Not
 supported under a strategy.
 
+Loss scaling (mixed_float16 with a LossScaleOptimizer, Keras 3 or tf_keras). The loss scale
+changes only when an update is applied, so every micro-step of one update uses the same scale S:
+each adds the gradient of S x its objective, the accumulators hold S x the update's gradient, and
+the apply step hands that to the loss-scale optimizer as a plain loop hands it one scaled batch
+gradient (Keras 3 unscales inside apply; tf_keras through get_unscaled_gradients first). A
+non-finite gradient in any piece makes the sum non-finite, so the whole update is skipped and the
+scale lowered, as the plain loop skips that batch. Near the overflow edge the split matters: a
+piece's float16 weight gradient sums fewer examples than the whole batch's, so at the same scale
+a split update can stay finite where the whole batch overflows (measured: pieces of 1 applied an
+update that one 16-example step skipped; tests/test_training_mixed_precision.py), and which
+updates are skipped then differs from the plain loop. Accumulators are float32 (the variables'
+dtype). Statistics divide by S (and S^2) so they describe the unscaled gradient.
+
 TensorFlow is imported inside functions so that importing edgebatch.training stays cheap.
 """
 
@@ -158,27 +171,40 @@ def _is_distributed(variable: Any) -> bool:
     return isinstance(inner, tf.distribute.DistributedValues)
 
 
-def refuse_unsupported_precision(model: Any, optimizer: Any) -> None:
-    """UsageError for float16 mixed precision, which fit does not support yet.
+def loss_scale_kind(optimizer: Any) -> str | None:
+    """"keras" for a Keras 3 LossScaleOptimizer, "tf_keras" for a tf_keras one, else None."""
+    # tf_keras names its classes LossScaleOptimizerV3 / BaseLossScaleOptimizer.
+    if not any("LossScaleOptimizer" in cls.__name__ for cls in type(optimizer).__mro__):
+        return None
+    return "tf_keras" if callable(getattr(optimizer, "get_scaled_loss", None)) else "keras"
 
-    float16 needs dynamic loss scaling, and a loss scale that changes between the micro-batches of
-    one update would mix differently scaled gradients in the accumulators; the Keras integration
-    (keras_integration.py) supports it because there the loss-scale optimizer sees whole batches.
-    mixed_bfloat16 needs no loss scaling and works.
+
+def refuse_unsupported_precision(model: Any, optimizer: Any, strategy: Any = None) -> None:
+    """UsageError for float16 mixed precision without a loss-scale optimizer, and for loss scaling
+    under a strategy (untested there).
+
+    mixed_float16 needs dynamic loss scaling (float16 gradients underflow): wrap the optimizer in
+    keras.optimizers.LossScaleOptimizer (tf_keras: tf_keras.mixed_precision.LossScaleOptimizer;
+    `model.compile` does it by itself under that policy). See "Loss scaling" in the module
+    docstring for how fit keeps accumulation exact with it. mixed_bfloat16 needs no loss scaling.
     """
+    scaled = loss_scale_kind(optimizer) is not None
+    if scaled and strategy is not None:
+        raise UsageError(
+            f"edgebatch.training.fit does not support {type(optimizer).__name__} under a tf.distribute "
+            "strategy yet: train on one device, or use mixed_bfloat16 (no loss scaling)"
+        )
+    if scaled:
+        return
     for layer in _all_layers(model):
         policy = getattr(layer, "dtype_policy", None)
         if getattr(policy, "name", None) == "mixed_float16":
             raise UsageError(
-                f"edgebatch.training.fit does not support the mixed_float16 dtype policy yet (layer "
-                f"{getattr(layer, 'name', layer)!r}): use mixed_bfloat16 or float32, or model.fit with "
-                "edgebatch.training.keras_integration"
+                f"layer {getattr(layer, 'name', layer)!r} computes in float16 (mixed_float16), which needs loss "
+                f"scaling: pass optimizer=keras.optimizers.LossScaleOptimizer({type(optimizer).__name__}(...)) "
+                "(tf_keras: tf_keras.mixed_precision.LossScaleOptimizer), or compile the model with the "
+                "policy set, which wraps it"
             )
-    if "LossScaleOptimizer" in type(optimizer).__name__:
-        raise UsageError(
-            f"edgebatch.training.fit does not support loss-scale optimizers yet, got {type(optimizer).__name__}; "
-            "pass the inner optimizer and use float32 or mixed_bfloat16"
-        )
 
 
 def _batched_spec(spec: Any) -> Any:
@@ -227,6 +253,7 @@ class AccumulatingSteps:
                 for i, v in enumerate(self.variables)
             ]
         self.traces = {"micro_step": 0, "apply_step": 0}
+        self.loss_scaling = loss_scale_kind(optimizer)
         self.statistics = statistics
         if statistics and strategy is not None:
             raise UsageError("gradient statistics (fit's adapt=...) are not supported under a tf.distribute strategy yet")
@@ -277,13 +304,14 @@ class AccumulatingSteps:
         import tensorflow as tf
 
         self.traces["update_statistics"] = self.traces.get("update_statistics", 0) + 1
-        reads = [tf.cast(acc.read_value(), tf.float32) for acc in self.accumulators]
+        scale = self._loss_scale()
+        reads = [tf.cast(acc.read_value(), tf.float32) / scale for acc in self.accumulators]
         olds = [tf.cast(prev.read_value(), tf.float32) for prev in self.previous]
         current_sq = tf.add_n([tf.reduce_sum(tf.square(a)) for a in reads])
         dot = tf.add_n([tf.reduce_sum(a * b) for a, b in zip(reads, olds)])
         previous_sq = tf.add_n([tf.reduce_sum(tf.square(b)) for b in olds])
         with tf.control_dependencies([current_sq, dot, previous_sq]):
-            stores = [prev.assign(acc.read_value()) for prev, acc in zip(self.previous, self.accumulators)]
+            stores = [prev.assign(tf.cast(read, prev.dtype)) for prev, read in zip(self.previous, reads)]
         with tf.control_dependencies(stores):
             return tf.identity(current_sq), tf.identity(dot), tf.identity(previous_sq)
 
@@ -304,6 +332,10 @@ class AccumulatingSteps:
                 share = tf.cast(tf.shape(per_example)[0], tf.float32) / update_examples
                 regularization = tf.add_n([tf.cast(tf.reduce_sum(l), tf.float32) for l in self.model.losses])
                 objective += regularization * share
+            if self.loss_scaling == "keras":
+                objective = self.optimizer.scale_loss(objective)
+            elif self.loss_scaling == "tf_keras":
+                objective = self.optimizer.get_scaled_loss(objective)
         gradients = tape.gradient(objective, self.variables)
         gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, self.variables)]
         # All gradients exist before any accumulator moves: see "OOM safety" in the module docstring.
@@ -317,7 +349,18 @@ class AccumulatingSteps:
                 return tf.identity(loss_sum)
             # Statistics: the piece's own squared gradient norm (of its share of the update's
             # objective; the loop rescales it to the piece's mean gradient) and its losses.
-            return tf.identity(loss_sum), _squared_norm(gradients), tf.identity(per_example)
+            scale = self._loss_scale()
+            return tf.identity(loss_sum), _squared_norm(gradients) / (scale * scale), tf.identity(per_example)
+
+    def _loss_scale(self) -> Any:
+        """The current loss scale S as a float32 tensor (1 without loss scaling)."""
+        import tensorflow as tf
+
+        if self.loss_scaling == "keras":
+            return tf.cast(self.optimizer.dynamic_scale, tf.float32)
+        if self.loss_scaling == "tf_keras":
+            return tf.cast(self.optimizer.loss_scale, tf.float32)
+        return tf.constant(1.0, tf.float32)
 
     def _mirrored_micro_step(self, x: Any, y: Any, update_examples: Any, oom_replica: Any) -> Any:
         import tensorflow as tf
@@ -356,7 +399,10 @@ class AccumulatingSteps:
         import tensorflow as tf
 
         self.traces["apply_step"] += 1
-        self.optimizer.apply_gradients(zip([acc.read_value() for acc in self.accumulators], self.variables))
+        gradients = [acc.read_value() for acc in self.accumulators]
+        if self.loss_scaling == "tf_keras":
+            gradients = self.optimizer.get_unscaled_gradients(gradients)
+        self.optimizer.apply_gradients(zip(gradients, self.variables))
         # Automatic control dependencies order these writes after the reads above (same resources).
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
