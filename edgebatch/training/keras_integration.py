@@ -26,7 +26,9 @@ loss by 1 / replicas and the optimizer sums the replicas' gradients once per bat
 own train_step, so a batch equals plain model.fit's under the same strategy (and the plain loop's
 when fit's batches split evenly over the replicas). An OOM in one replica ends model.fit as below;
 `controller.on_oom()` then shrinks all replicas together. Other strategies are refused.
-Not supported: XLA (`jit_compile=True`:
+TFMOT: a pruned model (with UpdatePruningStep among fit's callbacks, as TFMOT requires) advances
+its pruning step once per batch, not once per piece: each piece's forward pass starts from the
+batch's step. Not supported: XLA (`jit_compile=True`:
 dynamic micro-batch slices in a loop do not compile; enable_micro_batching turns it off), the
 governor's elastic mode (fit's batch size is fixed; use edgebatch.training.fit).
 
@@ -54,6 +56,7 @@ import keras
 
 from edgebatch.errors import UsageError
 from edgebatch.governor import Decision, Governor, Observation, PressureReader
+from edgebatch.training.pruning import pruning_layers
 from edgebatch.training.replicas import check_governor_for_replicas
 from edgebatch.training.steps import batch_norm_layers, mirrored_strategy_of
 
@@ -247,8 +250,14 @@ def _governed_train_step(model: Any, data: Any, *, controller: MicroBatchControl
     micro = tf.maximum(tf.minimum(controller.micro_batch.read_value() // controller.replicas, batch), 1)
     batch_f = tf.cast(batch, tf.float32)
     variables = model.trainable_variables
+    # TFMOT pruning wrappers add 1 to their step in every training forward pass: each piece starts
+    # from the batch's step, so the schedule advances once per batch (training/pruning.py).
+    pruning = pruning_layers(model)
+    batch_steps = [tf.identity(layer.pruning_step.read_value()) for layer in pruning]
 
     def run_piece(start: Any) -> list:
+        for layer, step in zip(pruning, batch_steps):
+            layer.pruning_step.assign(step)
         size = tf.minimum(micro, batch - start)
         pick = lambda t: None if t is None else t[start : start + size]  # noqa: E731
         xs, ys, ws = (tf.nest.map_structure(pick, part) for part in (x, y, sample_weight))

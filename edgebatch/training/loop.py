@@ -68,6 +68,12 @@ update's gradient), a few reductions per piece and one small host read per updat
 holds the controller and that copy, so a resumed run decides as an uninterrupted one. Not under
 MirroredStrategy.
 
+TFMOT models (tf_keras): a pruned model (prune_low_magnitude) advances its pruning schedule once
+per optimizer update, as the plain loop with UpdatePruningStep does, whatever the split (pruning.py;
+no callback needed), and its updates are exact. A quantization-aware model (quantize_model) tracks
+activation ranges from each micro-batch in its forward pass, so, like BatchNormalization, it is
+listed in FitReport.batch_norm_layers and its exactness is "micro_batch_statistics".
+
 Only OOMs that TensorFlow raises can be recovered. On CPU with TensorFlow's default oneDNN kernels,
 running out of address space can crash the process instead (docs/tensorflow-memory.md, "oneDNN
 convolutions can crash"; the RLIMIT_AS test runs with TF_ENABLE_ONEDNN_OPTS=0 for that reason), and
@@ -95,6 +101,7 @@ from edgebatch.training.hard_failure import RunningMarker, take_hard_failure_mic
 from edgebatch.training.injection import injected_oom_plan, next_injected_oom
 from edgebatch.training.learning_rate import LearningRateScaler
 from edgebatch.training.observability import RunLog
+from edgebatch.training.pruning import PruningSteps
 from edgebatch.training.records import FitReport, OomEvent, Progress, UpdateRecord
 from edgebatch.training.replicas import check_governor_for_replicas, mirrored_governor_config
 from edgebatch.training.steps import (
@@ -299,20 +306,29 @@ def _check_batch_norm(model: Any, batch_norm: str) -> list[str]:
     names = batch_norm_layers(model)
     if not names:
         return names
+    shown = _short_list(names)
     if batch_norm == "refuse":
         raise UsageError(
-            f"model has BatchNormalization layers {names!r}, which normalize each micro-batch by its own "
-            "statistics (the split changes the result): pass batch_norm='fixed_micro_batch' or 'allow'"
+            f"model has layers that use each micro-batch's own statistics {shown} (BatchNormalization, or "
+            "TFMOT quantize wrappers' activation ranges; the split changes the result): pass "
+            "batch_norm='fixed_micro_batch' or 'allow'"
         )
     if batch_norm == "allow" and model not in _warned_batch_norm:
         _warned_batch_norm.add(model)
         warnings.warn(
-            f"edgebatch fit: BatchNormalization layers {names!r} normalize each micro-batch by its own statistics, "
+            f"edgebatch fit: layers {shown} (BatchNormalization, or TFMOT quantize wrappers) use each "
+            "micro-batch's own statistics, "
             "so updates equal whole-batch ones only up to those statistics and change with the governor's "
             "micro-batch; pass batch_norm='fixed_micro_batch' to keep the micro-batch fixed",
             stacklevel=3,
         )
     return names
+
+
+def _short_list(names: list[str], shown: int = 4) -> str:
+    """['a', 'b', 'c', 'd'] and 150 more: a message stays one readable line (a QAT MobileNetV2 has 200)."""
+    text = repr(names[:shown])
+    return text if len(names) <= shown else f"{text} and {len(names) - shown} more"
 
 
 def _callback_list(model: Any, callbacks: Any, epochs: int) -> Any:
@@ -368,6 +384,7 @@ class _GovernedLoop:
         self.batch_in_epoch = 0
         self.adaptive = adaptive
         self.optimizer = optimizer
+        self.pruning = PruningSteps(model)
         self.chunk_examples = max(1, min(MAX_READ_CHUNK_EXAMPLES, governor.config.effective_batch))
         self.steps = AccumulatingSteps(model, loss, optimizer, element_spec, strategy, statistics=adaptive is not None)
         self.checkpoint = (
@@ -401,6 +418,8 @@ class _GovernedLoop:
     def run(self) -> FitReport:
         started = time.perf_counter()
         try:
+            if self.pruning:
+                self.pruning.begin_training()
             if self.callbacks is not None:
                 self.model.stop_training = False
                 self.callbacks.on_train_begin()
@@ -420,6 +439,9 @@ class _GovernedLoop:
                 last = self.report.updates[-1].loss if self.report.updates else None
                 self.callbacks.on_train_end(None if last is None else {"loss": last})
         finally:
+            if self.pruning:
+                self.pruning.remask()
+                self.report.pruning_step = self.pruning.step
             self.scaler.restore()
             self.log.close()
             self.report.seconds = time.perf_counter() - started
@@ -467,6 +489,8 @@ class _GovernedLoop:
             self.callbacks.on_epoch_end(epoch, logs)
 
     def _finish_epoch(self) -> None:
+        if self.pruning:
+            self.pruning.remask()
         self._end_epoch_callbacks(self.progress.epoch)
         self.progress = dataclasses.replace(self.progress, epoch=self.progress.epoch + 1, examples_in_epoch=0)
         self.report.epochs_completed += 1
@@ -565,6 +589,8 @@ class _GovernedLoop:
         import tensorflow as tf
 
         update_examples = tf.constant(float(examples))
+        if self.pruning:
+            self.pruning.begin_update()
         pending = split_micro_batches(examples, self._split_size(self.governor.decision.micro_batch))
         self._note_running(pending)
         offset, sizes, loss_sums, ooms = 0, [], [], []
@@ -572,6 +598,8 @@ class _GovernedLoop:
         while pending:
             size = pending[0]
             x, y = slice_examples(self.element_spec, flat_examples, offset, size)
+            if self.pruning:
+                self.pruning.before_micro_step()  # one pruning step per update (pruning.py)
             injected = next_injected_oom()
             try:
                 if self.steps.strategy is not None:

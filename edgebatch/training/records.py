@@ -124,6 +124,8 @@ class FitReport:
     micro-batch sizes (UpdateRecord.micro_batches, OomEvent.micro_batch) are global: each replica
     ran an even share of them. `adapt_changes` lists the adaptive policy's changes of the effective
     batch during this call ({"update", "effective_batch", "reason", "lr_scale"}; empty without adapt).
+    `pruning_step` is a TFMOT-pruned model's pruning step when fit returned (None for other
+    models): it advances once per optimizer update (training/pruning.py).
     """
 
     updates: list[UpdateRecord] = field(default_factory=list)
@@ -145,6 +147,7 @@ class FitReport:
     unbatched_input: bool = False
     replicas: int = 1
     adapt_changes: list[dict[str, Any]] = field(default_factory=list)
+    pruning_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy of the report."""
@@ -168,4 +171,5 @@ class FitReport:
             "unbatched_input": self.unbatched_input,
             "replicas": self.replicas,
             "adapt_changes": [dict(change) for change in self.adapt_changes],
+            "pruning_step": self.pruning_step,
         }

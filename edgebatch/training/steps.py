@@ -64,6 +64,7 @@ from edgebatch.errors import UsageError
 
 __all__ = [
     "AccumulatingSteps",
+    "all_layers",
     "batch_norm_layers",
     "per_example_loss",
     "random_layers",
@@ -75,9 +76,14 @@ __all__ = [
 # the allocator itself raises ResourceExhaustedError inside that replica's step.
 _INJECTED_OOM_ELEMENTS = 1 << 40
 
-# Class names (anywhere in a layer's MRO) of layers that normalize by batch statistics in training:
-# Keras 3, tf_keras (BatchNormalizationBase, SyncBatchNormalization) and subclasses of either.
-_BATCH_NORM_CLASS_NAMES = frozenset({"BatchNormalization", "BatchNormalizationBase", "SyncBatchNormalization"})
+# Class names (anywhere in a layer's MRO) of layers whose training output depends on the batch's
+# own statistics: BatchNormalization (Keras 3, tf_keras's BatchNormalizationBase and
+# SyncBatchNormalization, subclasses of either) and TFMOT's quantization-aware wrappers, whose
+# activation quantizers update moving min/max ranges from each batch and quantize with them.
+_BATCH_NORM_CLASS_NAMES = frozenset({
+    "BatchNormalization", "BatchNormalizationBase", "SyncBatchNormalization",
+    "QuantizeWrapper", "QuantizeWrapperV2", "QuantizeLayer",
+})
 
 
 def per_example_loss(loss: Any) -> Callable[[Any, Any], Any]:
@@ -100,7 +106,7 @@ def per_example_loss(loss: Any) -> Callable[[Any, Any], Any]:
     return loss
 
 
-def _all_layers(model: Any) -> list:
+def all_layers(model: Any) -> list:
     """The model and every layer inside it, nested models included (Keras 3 and tf_keras)."""
     flatten = getattr(model, "_flatten_layers", None)
     if callable(flatten):
@@ -109,10 +115,11 @@ def _all_layers(model: Any) -> list:
 
 
 def batch_norm_layers(model: Any) -> list[str]:
-    """Names of the layers (nested models included) that normalize by batch statistics."""
+    """Names of the layers (nested models included) whose training output uses the batch's own
+    statistics: BatchNormalization, and TFMOT's quantize wrappers (QAT's moving activation ranges)."""
     return [
         getattr(layer, "name", type(layer).__name__)
-        for layer in _all_layers(model)
+        for layer in all_layers(model)
         if any(cls.__name__ in _BATCH_NORM_CLASS_NAMES for cls in type(layer).__mro__)
     ]
 
@@ -126,7 +133,7 @@ def random_layers(model: Any) -> list[str]:
     """
     return [
         getattr(layer, "name", type(layer).__name__)
-        for layer in _all_layers(model)
+        for layer in all_layers(model)
         if getattr(layer, "_seed_generators", None) or getattr(layer, "_random_generator", None) is not None
     ]
 
@@ -196,7 +203,7 @@ def refuse_unsupported_precision(model: Any, optimizer: Any, strategy: Any = Non
         )
     if scaled:
         return
-    for layer in _all_layers(model):
+    for layer in all_layers(model):
         policy = getattr(layer, "dtype_policy", None)
         if getattr(policy, "name", None) == "mixed_float16":
             raise UsageError(
