@@ -6,10 +6,21 @@ training does (see the optimizer below). Prints one JSON line:
 {"batch", "ok", "peak_bytes" (VmHWM), "error"}.
 
 usage: python fresh_step.py MODEL_SPEC BATCH STEPS [ADDRESS_SPACE_HEADROOM_BYTES] [--seq-len=TOKENS]
+                            [--precision=POLICY] [--optimize=qat|prune]
 
 --seq-len: a model with a variable sequence axis (input (None,)) trains on TOKENS tokens per example,
 every one a real token (ids from 1; 0 is padding), with the step traced for any length, as training
 with padded batches traces it.
+--precision: the Keras mixed-precision policy (float32, the default, mixed_float16, mixed_bfloat16),
+set globally before the model is built (tf_keras's too with --optimize); the loss is taken on
+float32 logits. Under mixed_float16 the step does no loss scaling: memory, not convergence, is
+measured.
+--optimize: qat or prune builds the model with tf_keras (edgebatch.zoo.build_base_model) and wraps
+it with TFMOT (zoo.optimize_model), trained with tf_keras's Adam and loss. For prune every
+PruneLowMagnitude wrapper's pruning_step is set from -1 to 0 before the first step, as
+UpdatePruningStep.on_train_begin does (TFMOT 0.8's wrapper adds 1 in each training call and
+asserts the step is >= 1); no callback runs after that.
+Without these options the step is the one this file always ran (Keras 3, float32).
 """
 
 import json
@@ -29,20 +40,48 @@ def status_bytes(field):
     raise RuntimeError(field)
 
 
+def _option(name, default):
+    """The value of `name=VALUE` among the arguments, else `default`."""
+    return next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith(name + "=")), default)
+
+
 def main():
-    seq_len = next((int(arg.split("=", 1)[1]) for arg in sys.argv if arg.startswith("--seq-len=")), None)
-    args = [arg for arg in sys.argv if not arg.startswith("--seq-len=")]
+    seq_len = _option("--seq-len", None)
+    seq_len = None if seq_len is None else int(seq_len)
+    precision = _option("--precision", "float32")
+    optimize = _option("--optimize", "none")
+    args = [arg for arg in sys.argv if not arg.startswith(("--seq-len=", "--precision=", "--optimize="))]
     spec, batch, steps = args[1], int(args[2]), int(args[3])
     headroom = int(args[4]) if len(args) > 4 else None
     import keras
     import tensorflow as tf
 
-    from edgebatch.zoo import build_model, parse_model_spec
+    from edgebatch.zoo import (
+        build_base_model,
+        build_model,
+        optimize_model,
+        parse_model_spec,
+    )
 
-    model = build_model(parse_model_spec(spec))
-    optimizer = keras.optimizers.Adam(1e-3)
+    keras.mixed_precision.set_global_policy(precision)
+    if optimize == "none":
+        model = build_model(parse_model_spec(spec), precision)
+        optimizer = keras.optimizers.Adam(1e-3)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    else:
+        import tf_keras
+
+        tf_keras.mixed_precision.set_global_policy(precision)
+        model = optimize_model(build_base_model(parse_model_spec(spec), precision, optimize), optimize)
+        optimizer = tf_keras.optimizers.Adam(1e-3)
+        loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        if optimize == "prune":
+            wrappers = [layer for layer in model.layers if type(layer).__name__ == "PruneLowMagnitude"]
+            if not wrappers:
+                raise RuntimeError(f"--optimize=prune: no PruneLowMagnitude layer in {model.name}")
+            for layer in wrappers:
+                layer.pruning_step.assign(0)
     classes = model.outputs[0].shape[-1]
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x_shape = tuple(model.inputs[0].shape[1:])
     x_dtype = "float32"
     if seq_len is not None:
@@ -58,7 +97,7 @@ def main():
     @tf.function(input_signature=[tf.TensorSpec((None, *x_shape), x_dtype), tf.TensorSpec((None,), tf.int32)])
     def train(x, y):
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
+            loss = loss_fn(y, tf.cast(model(x, training=True), tf.float32))
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 

@@ -28,16 +28,22 @@ PARALLEL_CHECKS = 2
 
 
 def fresh_check(model_spec: str, batch: int, budget_bytes: int | None, headroom_bytes: int | None,
-                seq_len: int | None = None) -> dict:
+                seq_len: int | None = None, precision: str = "float32", optimize: str = "none") -> dict:
     """One fresh-process run at `batch`: fits = it ran (and, with a budget, its peak fit the budget).
 
-    `seq_len`: tokens per example for a model with a variable sequence axis.
+    `seq_len`: tokens per example for a model with a variable sequence axis. `precision` (a Keras
+    mixed-precision policy) and `optimize` ("qat" or "prune": TFMOT-wrapped, tf_keras) are passed
+    to fresh_step.py only when they differ from the defaults.
     """
     args = [str(FRESH_STEP), model_spec, str(batch), str(TRUTH_STEPS)]
     if headroom_bytes is not None:
         args.append(str(headroom_bytes))
     if seq_len is not None:
         args.append(f"--seq-len={seq_len}")
+    if precision != "float32":
+        args.append(f"--precision={precision}")
+    if optimize != "none":
+        args.append(f"--optimize={optimize}")
     child = run_child(args, CHECK_TIMEOUT_SECONDS)
     reply = child.reply or {}
     ok = bool(reply.get("ok"))
@@ -64,6 +70,8 @@ def measure_truth(
     resolution: float = 0.01,
     check_cost_seconds: float = 15.0,
     seq_len: int | None = None,
+    precision: str = "float32",
+    optimize: str = "none",
 ) -> dict:
     """The largest batch that fits in a fresh process, near the methods' answers.
 
@@ -73,7 +81,8 @@ def measure_truth(
     three-way splits then narrow the interval as fast as two bisection steps). Returns the ceiling
     (a fresh fit), the first fresh failure above it, every check, whether the interval was
     narrowed to `resolution`, and, when a method's failure below the ceiling also fails fresh, the
-    largest fresh fit under it (`edge_below_first_failure`).
+    largest fresh fit under it (`edge_below_first_failure`). `seq_len`, `precision` and `optimize`
+    go to every check (fresh_check).
     """
     checks: dict[int, dict] = {}
     answers = sorted({b for b in found if b}, reverse=True)
@@ -81,7 +90,13 @@ def measure_truth(
     with ThreadPoolExecutor(max_workers=PARALLEL_CHECKS) as pool:
 
         def run_checks(batches: list[int]) -> None:
+            # Only what differs from the defaults, so a stand-in for fresh_check with the older
+            # signature (seq_len_bench.cached_checks) keeps working.
             extra = {"seq_len": seq_len} if seq_len is not None else {}
+            if precision != "float32":
+                extra["precision"] = precision
+            if optimize != "none":
+                extra["optimize"] = optimize
             futures = {b: pool.submit(fresh_check, model_spec, b, budget_bytes, headroom_bytes, **extra) for b in batches}
             for batch, future in futures.items():
                 result = checks[batch] = future.result()
