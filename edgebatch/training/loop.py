@@ -107,6 +107,7 @@ from edgebatch.training.replicas import check_governor_for_replicas, mirrored_go
 from edgebatch.training.steps import (
     AccumulatingSteps,
     batch_norm_layers,
+    is_multi_worker,
     mirrored_strategy_of,
     random_layers,
     refuse_unsupported_precision,
@@ -145,6 +146,7 @@ def fit(
     callbacks: Any = None,
     batch_norm: str = "allow",
     adapt: Any = None,
+    worker_shares: Any = None,
 ) -> FitReport:
     """Train `model` on `dataset` with governor-sized micro-batches and gradient accumulation.
 
@@ -174,6 +176,12 @@ def fit(
     Under tf.distribute.MirroredStrategy (model and optimizer built in its scope) micro-batches are
     global, a multiple of the replica count, split evenly over the replicas (module docstring);
     FitReport.replicas says how many. Other strategies are refused.
+    Under tf.distribute.MultiWorkerMirroredStrategy (one device per worker process, every worker
+    calling fit on the same dataset in the same order) each worker trains on its share of every
+    update and accumulates it locally (workers.py): `worker_shares` (one weight per worker, e.g. a
+    fleet plan's shares) splits updates in proportion and lets each worker's own governor decide
+    its micro-batch; without it shares are even and the workers' governors decide in lockstep
+    (worst pressure wins). No checkpoint_dir there yet.
     `adapt`: an edgebatch.adapt.AdaptConfig turns on the statistical batch policy (module
     docstring, "Adaptive batch"): `effective_batch` is then where it starts, and the policy moves
     it from the gradient statistics; the governor (mode "fixed") still bounds every micro-batch.
@@ -186,11 +194,16 @@ def fit(
     loss, optimizer = _compiled_defaults(model, loss, optimizer)
     strategy = mirrored_strategy_of(model, optimizer)
     replicas = 1 if strategy is None else int(strategy.num_replicas_in_sync)
+    multi_worker = strategy is not None and is_multi_worker(strategy)
+    if worker_shares is not None and not multi_worker:
+        raise UsageError("worker_shares applies only under tf.distribute.MultiWorkerMirroredStrategy")
+    if multi_worker and checkpoint_dir is not None:
+        raise UsageError("checkpoint_dir is not supported under MultiWorkerMirroredStrategy yet: drop it")
     dataset, element_spec, unbatched = prepare_dataset(dataset, model)
     if checkpoint_dir is not None:
         refuse_unreplayable_order(dataset)
     normalizers = _check_batch_norm(model, batch_norm)
-    if governor is None and replicas > 1:
+    if governor is None and replicas > 1 and not multi_worker:
         governor = Governor(mirrored_governor_config(effective_batch, replicas))
     elif governor is None:
         governor = Governor(GovernorConfig(ceiling_batch=effective_batch, effective_batch=effective_batch))
@@ -206,7 +219,7 @@ def fit(
             f"effective_batch {effective_batch!r} differs from the governor's "
             f"config.effective_batch {governor.config.effective_batch!r}: build the governor for the same batch"
         )
-    problem = check_governor_for_replicas(governor.config, replicas)
+    problem = None if multi_worker else check_governor_for_replicas(governor.config, replicas)
     if problem is not None:
         raise UsageError(problem)
     if adapt is not None:
@@ -217,7 +230,14 @@ def fit(
     # restored variables are then the strategy's (mirrored) ones.
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
         _build_optimizer(optimizer, model.trainable_variables)
-        loop = _GovernedLoop(
+        loop_class, extra = _GovernedLoop, {}
+        if multi_worker:
+            from edgebatch.training.worker_loop import WorkerLoop
+            from edgebatch.training.workers import WorkerGroup
+
+            loop_class, extra = WorkerLoop, {"workers": WorkerGroup(strategy, worker_shares)}
+        loop = loop_class(
+            **extra,
             model=model, dataset=dataset, element_spec=element_spec, loss=loss, optimizer=optimizer,
             governor=governor, epochs=epochs, checkpoint_dir=checkpoint_dir,
             checkpoint_every_updates=checkpoint_every_updates, max_checkpoints_to_keep=max_checkpoints_to_keep,
@@ -516,6 +536,7 @@ class _GovernedLoop:
         started = time.perf_counter()
         self.scaler.apply(lr_scale)
         sizes, loss_sums, ooms, measured = self._accumulate(flat_examples, examples)
+        shared = self._before_apply(sizes, loss_sums, ooms, examples)
         import tensorflow as tf
 
         try:
@@ -527,23 +548,24 @@ class _GovernedLoop:
             message = f"the optimizer update {self.progress.updates + 1} ran out of memory: {_first_line(exc)}"
             self.log.write_error(message, update=self.progress.updates + 1)
             raise TrainingError(message) from exc
-        loss_mean = float(tf.add_n(loss_sums)) / examples  # one host sync per update: the step is done
+        loss_mean = self._loss_mean(loss_sums, examples, shared)
         step_seconds = time.perf_counter() - started
         seconds = input_seconds + step_seconds
-        observation = self.reader.read() if self.reader is not None else Observation(pressure=None)
+        observation = self._read_observation(shared)
         # An update that hit an OOM spent 11-14 s failing (docs/tensorflow-memory.md, "Address-space
         # caps"): its time says nothing about speed.
         # With an adaptive batch an update's piece count changes with its effective batch: the
         # governor compares step times at one micro-batch size, so it gets the time per piece.
         governed_seconds = step_seconds if adaptive is None else step_seconds * max(sizes) / examples
+        largest = max(sizes, default=None)  # None: a worker with no share of this update
         observation = dataclasses.replace(
-            observation, oom=False, step_seconds=None if ooms else governed_seconds, micro_batch=max(sizes)
+            observation, oom=False, step_seconds=None if ooms else governed_seconds, micro_batch=largest
         )
         if self.fixed_micro_batch:
             # batch_norm="fixed_micro_batch": no reading may move the micro-batch (only on_oom does).
-            after = self.governor.observe(Observation(pressure=None, oom=False, micro_batch=max(sizes)))
+            after = self._governor_observe(Observation(pressure=None, oom=False, micro_batch=largest), shared)
         else:
-            after = self.governor.observe(observation)
+            after = self._governor_observe(observation, shared)
         adapt_record = None
         if adaptive is not None:
             adapt_decision, reading = adaptive.observe(
@@ -591,9 +613,12 @@ class _GovernedLoop:
         update_examples = tf.constant(float(examples))
         if self.pruning:
             self.pruning.begin_update()
-        pending = split_micro_batches(examples, self._split_size(self.governor.decision.micro_batch))
-        self._note_running(pending)
-        offset, sizes, loss_sums, ooms = 0, [], [], []
+        start, count = self._piece_range(examples)
+        governor = self._oom_governor()
+        pending = split_micro_batches(count, self._split_size(governor.decision.micro_batch)) if count else []
+        if pending:
+            self._note_running(pending)
+        offset, sizes, loss_sums, ooms = start, [], [], []
         piece_sq_norms, per_example = [], []
         while pending:
             size = pending[0]
@@ -602,7 +627,7 @@ class _GovernedLoop:
                 self.pruning.before_micro_step()  # one pruning step per update (pruning.py)
             injected = next_injected_oom()
             try:
-                if self.steps.strategy is not None:
+                if self.steps.strategy is not None and not self.steps.local_steps:
                     # An injected OOM happens inside the last replica's step (a real allocation
                     # failure there), so it tests that the other replicas add nothing either.
                     oom_replica = tf.constant(-1 if injected is None else self.steps.replicas - 1, tf.int32)
@@ -619,7 +644,7 @@ class _GovernedLoop:
             except (tf.errors.ResourceExhaustedError, MemoryError) as exc:
                 # MemoryError: Python's own allocation failed (seen under an address-space cap
                 # while tracing, tools/bench); an out-of-memory all the same.
-                decision = self.governor.on_oom(size)
+                decision = governor.on_oom(size)
                 event = OomEvent(
                     update=self.progress.updates + 1, epoch=self.progress.epoch, micro_batch=size,
                     example_offset=offset, next_micro_batch=decision.micro_batch,
@@ -629,15 +654,39 @@ class _GovernedLoop:
                 ooms.append(event)
                 self.report.oom_events.append(event)
                 if decision.exhausted:
-                    self._give_up(event, exc)
+                    self._give_up(event, exc)  # raises, unless a worker group decides together
+                    break
                 # Re-split from the failed piece on: its examples run again, in smaller pieces.
-                pending = split_micro_batches(examples - offset, self._split_size(decision.micro_batch))
+                pending = split_micro_batches(start + count - offset, self._split_size(decision.micro_batch))
                 self._note_running(pending)
                 continue
             sizes.append(size)
             offset += size
             pending.pop(0)
         return sizes, loss_sums, ooms, (piece_sq_norms, per_example)
+
+    def _piece_range(self, examples: int) -> tuple[int, int]:
+        """(first example, count) of the update that this process trains on: all of it here."""
+        return 0, examples
+
+    def _oom_governor(self) -> Governor:
+        """The governor that decides OOM retries during an update."""
+        return self.governor
+
+    def _before_apply(self, sizes: list[int], loss_sums: list, ooms: list[OomEvent], examples: int) -> Any:
+        """What must happen between the pieces and the optimizer update (nothing here; workers exchange)."""
+        return None
+
+    def _loss_mean(self, loss_sums: list, examples: int, shared: Any) -> float:
+        import tensorflow as tf
+
+        return float(tf.add_n(loss_sums)) / examples  # one host sync per update: the step is done
+
+    def _read_observation(self, shared: Any) -> Observation:
+        return self.reader.read() if self.reader is not None else Observation(pressure=None)
+
+    def _governor_observe(self, observation: Observation, shared: Any) -> Any:
+        return self.governor.observe(observation)
 
     def _note_running(self, pending: list[int]) -> None:
         """Record the split's largest piece before it runs, for a supervisor to read after a kill."""
@@ -672,7 +721,7 @@ class _GovernedLoop:
 
 def _oom_message(exc: Exception, injected: str | None, steps: AccumulatingSteps) -> str:
     """OomEvent.message: the error's telling line; for an injected replica OOM, also why it happened."""
-    if injected is not None and steps.strategy is not None:
+    if injected is not None and steps.strategy is not None and not steps.local_steps:
         return f"{injected} (in replica {steps.replicas - 1} of {steps.replicas}): {_first_line(exc)}"
     return _first_line(exc)
 

@@ -89,7 +89,7 @@ class UpdateRecord:
     @property
     def largest_micro_batch(self) -> int:
         """The real batch size the device ran (what memory depends on)."""
-        return max(self.micro_batches)
+        return max(self.micro_batches, default=0)  # 0: a worker with no share of this update
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

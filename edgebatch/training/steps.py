@@ -138,6 +138,13 @@ def random_layers(model: Any) -> list[str]:
     ]
 
 
+def is_multi_worker(strategy: Any) -> bool:
+    """True for a tf.distribute.MultiWorkerMirroredStrategy."""
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
 def mirrored_strategy_of(model: Any, optimizer: Any) -> Any:
     """The tf.distribute.MirroredStrategy fit runs `model` under, or None for plain one-device training.
 
@@ -153,10 +160,11 @@ def mirrored_strategy_of(model: Any, optimizer: Any) -> Any:
     strategy = active or built
     if strategy is None:
         return None
-    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+    if not isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
         raise UsageError(
-            f"edgebatch.training.fit supports only tf.distribute.MirroredStrategy, got {type(strategy).__name__}: "
-            "use MirroredStrategy, or build the model and call fit outside any strategy.scope() (one device)"
+            f"edgebatch.training.fit supports only tf.distribute.MirroredStrategy and MultiWorkerMirroredStrategy, "
+            f"got {type(strategy).__name__}: use one of them, or build the model and call fit outside any "
+            "strategy.scope() (one device)"
         )
     if built is not strategy or not all(_is_distributed(v) for v in model.trainable_variables):
         raise UsageError(
@@ -276,10 +284,18 @@ class AccumulatingSteps:
             tf.nest.map_structure(_batched_spec, y_spec),
             tf.TensorSpec([], tf.float32, name="update_examples"),
         ]
+        # MultiWorkerMirroredStrategy (workers.py): each worker accumulates its own share locally,
+        # with no collective in the micro-step; the optimizer's all-reduce sums the workers' sums.
+        self.local_steps = strategy is not None and is_multi_worker(strategy)
         if strategy is None:
             self.micro_step = tf.function(self._micro_step, input_signature=signature)
             self.apply_step = tf.function(self._apply_step)
             self.update_statistics = tf.function(self._update_statistics)
+        elif self.local_steps:
+            self.micro_step = tf.function(self._worker_micro_step, input_signature=signature)
+            self.apply_step = tf.function(self._mirrored_apply_step)
+            self._reset = tf.function(lambda: strategy.run(self._zero_accumulators))
+            _resolve_replica_group(strategy)
         else:
             # `oom_replica`: the replica that must run out of memory in this call (injection), -1: none.
             signature.append(tf.TensorSpec([], tf.int32, name="oom_replica"))
@@ -358,6 +374,12 @@ class AccumulatingSteps:
             # objective; the loop rescales it to the piece's mean gradient) and its losses.
             scale = self._loss_scale()
             return tf.identity(loss_sum), _squared_norm(gradients) / (scale * scale), tf.identity(per_example)
+
+    def _worker_micro_step(self, x: Any, y: Any, update_examples: Any) -> Any:
+        """This worker's piece on its one replica; its local loss sum (no collective)."""
+        self.traces["micro_step"] += 1
+        per_replica = self.strategy.run(self._accumulate_piece, args=(x, y, update_examples))
+        return self.strategy.experimental_local_results(per_replica)[0]
 
     def _loss_scale(self) -> Any:
         """The current loss scale S as a float32 tensor (1 without loss scaling)."""
