@@ -88,3 +88,23 @@ def test_ctrl_c_stops_workers_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
     time.sleep(1)
     assert processes_with_marker(marker) == [], "probe workers outlived the interrupted probe"
+
+
+def test_a_float16_model_trials_with_a_loss_scale_optimizer():
+    import keras
+
+    from edgebatch.probing.trial import TrialRunner
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.Dense(3)])
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    runner = TrialRunner(model, optimizer="sgd")
+    assert runner.loss_scaled and type(runner.optimizer).__name__ == "LossScaleOptimizer"
+    before = [w.copy() for w in model.get_weights()]
+    runner.run_steps(4, 2)
+    assert any(abs(a - b).max() > 0 for a, b in zip(model.get_weights(), before))  # unscaled, finite steps
+    plain = TrialRunner(keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)]), optimizer="sgd")
+    assert not plain.loss_scaled

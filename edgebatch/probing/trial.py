@@ -130,6 +130,11 @@ class TrialRunner:
         self.target = target_spec(model)
         self.optimizer_name = optimizer
         self.optimizer = make_optimizer(self.keras, optimizer)
+        # float16 compute trains with a loss-scale optimizer (as model.compile and edgebatch.fit
+        # do): its scaled loss and finiteness checks are part of the step's memory.
+        self.loss_scaled = computes_in_float16(model)
+        if self.loss_scaled:
+            self.optimizer = loss_scale_optimizer(self.keras, self.optimizer)
         self.loss = make_loss(self.keras, self.target)
         self.trace_count = 0
         self.callbacks = list(callbacks)
@@ -145,6 +150,7 @@ class TrialRunner:
         import tensorflow as tf
 
         model, optimizer, loss_fn = self.model, self.optimizer, self.loss
+        scaled, tf_keras_scaling = self.loss_scaled, self.loss_scaled and self.flavor == "tf_keras"
         x_signature = tuple(tf.TensorSpec((None, *(spec.declared_shape or spec.shape)), spec.dtype) for spec in self.inputs)
         y_dtype = "int32" if self.target.kind == "classification" else "float32"
         y_signature = tf.TensorSpec((None, *self.target.shape), y_dtype)
@@ -156,7 +162,12 @@ class TrialRunner:
             with tf.GradientTape() as tape:
                 outputs = model(x[0] if single_input else list(x), training=True)
                 loss = loss_fn(y, tf.cast(outputs, tf.float32))
-            gradients = tape.gradient(loss, model.trainable_variables)
+                objective = loss
+                if scaled:
+                    objective = optimizer.get_scaled_loss(loss) if tf_keras_scaling else optimizer.scale_loss(loss)
+            gradients = tape.gradient(objective, model.trainable_variables)
+            if tf_keras_scaling:
+                gradients = optimizer.get_unscaled_gradients(gradients)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             return loss
 
@@ -382,6 +393,21 @@ def target_spec(model) -> TargetSpec:
     if width == 1 and activation == "sigmoid":
         return TargetSpec("binary", shape, None, from_logits=False)
     return TargetSpec("regression", shape, None, from_logits=False)
+
+
+def computes_in_float16(model) -> bool:
+    """Whether any layer of `model` runs under the mixed_float16 policy."""
+    from edgebatch.training.steps import all_layers
+
+    return any(getattr(getattr(layer, "dtype_policy", None), "name", None) == "mixed_float16"
+               for layer in all_layers(model))
+
+
+def loss_scale_optimizer(keras_module, optimizer):
+    """`optimizer` in its Keras world's dynamic loss-scale wrapper."""
+    if keras_module.__name__ == "tf_keras":
+        return keras_module.mixed_precision.LossScaleOptimizer(optimizer)
+    return keras_module.optimizers.LossScaleOptimizer(optimizer)
 
 
 def make_optimizer(keras_module, name: str):
