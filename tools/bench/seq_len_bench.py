@@ -1,0 +1,204 @@
+"""The ceiling per sequence length against fresh processes, and the token model's prediction at a length it never saw.
+
+Issue 14, item 2 asks: for the Transformer, the ceiling at 64 tokens above the one at 256, each
+within [0.97, 1.0] of the fresh-process truth at a CPU budget, and the fitted token memory model
+predicting an unprobed length within 5%. This runs `edgebatch.probe(model, seq_lens=...)` once,
+then for every probed length and every `--predict-lens` length searches the truth with
+tools/bench/probe_truth.py (tests/support/fresh_step.py with --seq-len: its own step, 10 steps, a
+new process per batch).
+
+Two truths per length, from the same fresh checks (each check's peak is compared with both):
+- at the budget itself: the largest batch whose fresh peak fits the budget;
+- at the probe's fitting limit, 0.975 x budget (api.MEASUREMENT_MARGIN): the limit `max_batch` is
+  defined by (device_profiles/README.md: its peak must fit the budget with a 2.5% margin).
+Against the first, the margin alone costs 0.025 x budget / (budget - fixed) of the batch (about 5%
+at 1.5 GiB, where the process holds ~750 MiB before any batch), so both are reported.
+
+Writes tools/bench/results/seq_lens.json and, with --benchmarks-md, its own section of
+BENCHMARKS.md between the markers below (run.py keeps it).
+
+    python tools/bench/seq_len_bench.py --benchmarks-md BENCHMARKS.md      # ~10 minutes on 2 cores
+    python tools/bench/seq_len_bench.py --from-json tools/bench/results/seq_lens.json --benchmarks-md BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import probe_truth
+from harness import (
+    RESULTS_DIR,
+    environment,
+    load_average,
+    log,
+    write_json,
+    write_section,
+)
+
+from edgebatch.probing import probe, token_fit
+from edgebatch.probing.api import fit_budget_bytes
+from edgebatch.units import parse_size_bytes
+
+SECTION_START = "<!-- seq_len_bench:start -->"
+SECTION_END = "<!-- seq_len_bench:end -->"
+RESULTS_FILE = RESULTS_DIR / "seq_lens.json"
+TRUTH_SECONDS_PER_LENGTH = 300.0
+
+
+def cached_checks():
+    """probe_truth.fresh_check with a memory: the two truths of one length share their processes."""
+    original = probe_truth.fresh_check
+    seen: dict[tuple, dict] = {}
+
+    def check(model_spec, batch, budget_bytes, headroom_bytes, seq_len=None):
+        key = (model_spec, batch, seq_len)
+        if key not in seen:
+            seen[key] = original(model_spec, batch, None, headroom_bytes, seq_len=seq_len)
+        result = dict(seen[key])
+        peak = result["peak_bytes"]
+        result["fits"] = result["ran"] and (budget_bytes is None or (peak is not None and peak <= budget_bytes))
+        return result
+
+    probe_truth.fresh_check = check
+    return seen
+
+
+def truth_at(model, length, found, hints, budget_bytes) -> dict:
+    deadline = time.monotonic() + TRUTH_SECONDS_PER_LENGTH
+    return probe_truth.measure_truth(
+        model, [found], hints, budget_bytes=budget_bytes, headroom_bytes=None,
+        seconds_left=lambda: deadline - time.monotonic(), seq_len=length,
+    )
+
+
+def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens: tuple[int, ...],
+        trial_seconds: float) -> dict:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as profiles:
+        profile = probe(model, device="CPU:0", memory_budget=budget_bytes, seq_lens=probe_lens,
+                        trial_seconds=trial_seconds, profiles_dir=profiles, save=False, progress=log)
+    probe_seconds = time.monotonic() - started
+    limit = fit_budget_bytes(budget_bytes)
+    checks = cached_checks()
+    rows = []
+    for length in sorted(set(probe_lens) | set(predict_lens)):
+        probed = length in profile.per_length
+        predicted = token_fit.ceiling_at_length(length, per_length=None, token_model=profile.token_model,
+                                                fit_budget_bytes=limit, headroom=profile.headroom)
+        found = profile.per_length[length].max_batch if probed else predicted.max_batch
+        hints = sorted({t.batch for t in profile.trials if t.seq_len == length and not t.ok and t.measured})
+        truths = {}
+        for name, budget in (("budget", budget_bytes), ("fit_limit", limit)):
+            truth = truth_at(model, length, found, hints or [int(found * 1.08) + 1], budget)
+            truths[name] = {key: truth[key] for key in ("ceiling", "first_failure_above", "narrowed_to_resolution",
+                                                         "failures_below_ceiling")}
+            truths[name]["found_over_true"] = found / truth["ceiling"] if truth["ceiling"] else None
+            log(f"{length} tokens, truth at {name}: {truth['ceiling']} (found {found}, "
+                f"ratio {truths[name]['found_over_true']})")
+        rows.append({
+            "length": length,
+            "probed": probed,
+            "found": found,
+            "predicted_max_batch": predicted.max_batch,
+            "trials": sum(1 for t in profile.trials if t.seq_len == length and t.measured),
+            "truth": truths,
+        })
+    model_fit = profile.token_model
+    return {
+        "model": model,
+        "budget_bytes": budget_bytes,
+        "fit_limit_bytes": limit,
+        "trial_seconds": trial_seconds,
+        "probe_lens": list(probe_lens),
+        "predict_lens": list(predict_lens),
+        "probe_seconds": round(probe_seconds, 1),
+        "token_model": None if model_fit is None else {
+            "fixed_bytes": model_fit.fixed_bytes, "per_token_bytes": model_fit.per_token_bytes,
+            "per_token_squared_bytes": model_fit.per_token_squared_bytes, "r2": model_fit.r2,
+            "points": model_fit.points, "lengths": list(model_fit.lengths),
+        },
+        "per_length": {str(k): {"max_batch": v.max_batch, "safe_batch": v.safe_batch, "peak_bytes": v.peak_bytes}
+                       for k, v in sorted(profile.per_length.items())},
+        "rows": rows,
+        "fresh_checks": [{"length": key[2], "batch": key[1], "ran": value["ran"], "peak_bytes": value["peak_bytes"],
+                          "seconds": value["seconds"]} for key, value in sorted(checks.items(), key=lambda kv: kv[0][1:])],
+        "seconds": round(time.monotonic() - started, 1),
+        "environment": environment(),
+        "load_average": load_average(),
+    }
+
+
+def _ratio(row, name):
+    value = row["truth"][name]["found_over_true"]
+    ceiling = row["truth"][name]["ceiling"]
+    narrowed = "" if row["truth"][name]["narrowed_to_resolution"] else " (truth not narrowed to 1%)"
+    return "-" if value is None else f"{value:.3f} (truth {ceiling}){narrowed}"
+
+
+def markdown(data: dict) -> str:
+    mib = 1024**2
+    model = data["token_model"]
+    lines = [
+        SECTION_START,
+        "## Ceiling per sequence length (issue 14, item 2)",
+        "",
+        f"`{data['model']}` probed per length at {', '.join(map(str, data['probe_lens']))} tokens under a "
+        f"{data['budget_bytes'] / mib:.0f} MiB resident budget (`--trial-seconds {data['trial_seconds']:g}`), in "
+        f"{data['probe_seconds']:.0f} s; lengths {', '.join(map(str, data['predict_lens']))} were not probed and are "
+        "the token model's predictions. Truth: fresh processes (tests/support/fresh_step.py --seq-len, 10 steps), "
+        f"at the budget and at the probe's fitting limit ({data['fit_limit_bytes'] / mib:.0f} MiB, 0.975 x budget, "
+        "the limit max_batch is defined by). Produced by `python tools/bench/seq_len_bench.py`.",
+        "",
+    ]
+    if model:
+        lines += [
+            f"Token model: peak = {model['fixed_bytes'] / mib:.1f} MiB + {model['per_token_bytes']:,.0f} B x batch x "
+            f"tokens + {model['per_token_squared_bytes']:,.1f} B x batch x tokens^2 (r2 {model['r2']:.4f}, "
+            f"{model['points']} readings at {', '.join(map(str, model['lengths']))} tokens).",
+            "",
+        ]
+    lines += [
+        "| tokens | probed | trials | answer | token model's prediction | answer / truth at the fitting limit | "
+        "answer / truth at the budget |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in data["rows"]:
+        lines.append(
+            f"| {row['length']} | {'yes' if row['probed'] else 'no'} | {row['trials']} | {row['found']} | "
+            f"{row['predicted_max_batch']} | {_ratio(row, 'fit_limit')} | {_ratio(row, 'budget')} |"
+        )
+    lines += ["", f"Whole run {data['seconds']:.0f} s, load average {data['load_average']}.", SECTION_END]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="transformer_tiny")
+    parser.add_argument("--budget", default="1.5GiB")
+    parser.add_argument("--probe-lens", default="64,256,512")
+    parser.add_argument("--predict-lens", default="128")
+    parser.add_argument("--trial-seconds", type=float, default=4.0)
+    parser.add_argument("--from-json", default=None, help="re-render a results file instead of running")
+    parser.add_argument("--benchmarks-md", default=None, help="write this benchmark's section into BENCHMARKS.md")
+    args = parser.parse_args()
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+    else:
+        data = run(args.model, parse_size_bytes(args.budget), token_fit.parse_seq_lens(args.probe_lens),
+                   token_fit.parse_seq_lens(args.predict_lens), args.trial_seconds)
+        write_json(RESULTS_FILE, data)
+        log(f"wrote {RESULTS_FILE}")
+    text = markdown(data)
+    print(text)
+    if args.benchmarks_md:
+        write_section(Path(args.benchmarks_md), text, SECTION_START, SECTION_END)
+
+
+if __name__ == "__main__":
+    main()
