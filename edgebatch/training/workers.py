@@ -165,7 +165,10 @@ def merge_observations(observations: Sequence[Observation]) -> Observation:
 class WorkerGroup:
     """This process's place among MultiWorkerMirroredStrategy workers, and the per-update exchange."""
 
-    def __init__(self, strategy: Any, shares: Sequence[float] | None) -> None:
+    def __init__(self, strategy: Any, shares: Sequence[float] | float | None) -> None:
+        """`shares`: one weight per worker (in worker order), or this worker's own weight (a number:
+        every worker passes its own, e.g. its device's share in a fleet plan, and they are
+        gathered here, a collective), or None for even shares in lockstep."""
         import tensorflow as tf
 
         self.strategy = strategy
@@ -178,21 +181,32 @@ class WorkerGroup:
                 f"fit under MultiWorkerMirroredStrategy needs one device per worker, this worker has {local}: "
                 "make one device visible per worker process (e.g. CUDA_VISIBLE_DEVICES)"
             )
-        if shares is not None and len(shares) != self.count:
-            raise UsageError(f"worker_shares has {len(shares)} entries for {self.count} workers: give one per worker")
-        self.lockstep = shares is None
-        self.weights = [1.0] * self.count if shares is None else [float(w) for w in shares]
-        worker_shares(self.count, self.weights)  # checks the weights now, before any work
-        length = status_length()
-
         def replica_fn(vector: Any) -> Any:
             return vector[None]
 
-        @tf.function(input_signature=[tf.TensorSpec([length], tf.float64)])
-        def gather(vector: Any) -> Any:
-            return strategy.gather(strategy.run(replica_fn, args=(vector,)), axis=0)
+        def gatherer(length: int) -> Any:
+            @tf.function(input_signature=[tf.TensorSpec([length], tf.float64)])
+            def gather(vector: Any) -> Any:
+                return strategy.gather(strategy.run(replica_fn, args=(vector,)), axis=0)
 
-        self._gather = gather
+            return gather
+
+        self._gather = gatherer(status_length())
+        own = isinstance(shares, numbers.Real) and not isinstance(shares, bool)
+        if own:
+            # Every worker gives its own weight; a bad one is checked after the gather, so that
+            # every worker raises the same error instead of leaving the others waiting in it.
+            mine = float(shares) if math.isfinite(float(shares)) else math.nan
+            shares = [float(v) for v in gatherer(1)(tf.constant([mine], tf.float64)).numpy().ravel()]
+        elif shares is not None and (isinstance(shares, (str, bytes)) or not isinstance(shares, Sequence)):
+            raise UsageError(f"worker_shares must be a list of numbers (one per worker) or this worker's "
+                             f"number, got {shares!r}")
+        if shares is not None and len(shares) != self.count:
+            raise UsageError(f"worker_shares has {len(shares)} entries for {self.count} workers: give one per worker")
+        self.lockstep = shares is None
+        self.weights = [1.0] * self.count if shares is None else list(shares)
+        worker_shares(self.count, self.weights)  # checks the weights now, before any work
+        self.weights = [float(w) for w in self.weights]
 
     def share(self, update_examples: int) -> tuple[int, int]:
         """(offset, count) of this worker's examples in an update of `update_examples`."""
