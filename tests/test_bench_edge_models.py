@@ -66,8 +66,8 @@ def test_probe_command_and_profile_facts():
 def test_markdown_renders_between_its_markers():
     facts = edge_models_bench.profile_facts(_profile())
     truth = {"ceiling": 40, "first_failure_above": 41, "narrowed_to_resolution": True, "failures_below_ceiling": [],
-             "seconds": 90.0, "checks": [{"batch": 38, "fits": True, "peak_bytes": 1.5e9, "error": None},
-                                         {"batch": 41, "fits": False, "peak_bytes": 1.7e9, "error": None}]}
+             "seconds": 90.0, "checks": [{"batch": 38, "fits": True, "ran": True, "peak_bytes": 1.5e9, "error": None},
+                                         {"batch": 41, "fits": False, "ran": True, "peak_bytes": 1.7e9, "error": None}]}
     facts.update(judged_max=probe_truth.judge(38, truth), judged_safe=probe_truth.judge(30, truth),
                  fresh_peak_at_max_bytes=1.5e9)
     data = {"command": "x", "model": "mobilenet_v2", "budget_bytes": 1610612736, "repeats": 1, "jobs": 1,
@@ -77,5 +77,31 @@ def test_markdown_renders_between_its_markers():
                          {"variant": "qat", "probes": [{"error": "exit 1: boom"}], "truth": None}]}
     text = edge_models_bench.markdown(data)
     assert text.startswith(edge_models_bench.SECTION_START) and text.endswith(edge_models_bench.SECTION_END)
-    assert "| float32 | 38 | 30 | 3 (1, 2) |" in text and "| 40 | 41 | 0.950 |" in text
+    assert "| float32 | 38 | 30 | 3 (1, 2) |" in text and "| 40 | 41 | 0.950 | 38 (41) |" in text
     assert "qat: 1 probe(s) failed: exit 1: boom" in text
+
+
+def test_fit_limit_truth_reads_the_same_checks_against_the_probes_margin():
+    budget = 1000
+    checks = [{"batch": 38, "ran": True, "peak_bytes": 960}, {"batch": 39, "ran": True, "peak_bytes": 974},
+              {"batch": 43, "ran": True, "peak_bytes": 990}, {"batch": 44, "ran": False, "peak_bytes": None}]
+    assert edge_models_bench.fit_limit_truth(checks, budget) == (39, 43)
+    assert edge_models_bench.fit_limit_truth(checks[:2], budget) == (39, None)
+    assert edge_models_bench.fit_limit_truth([], budget) == (None, None)
+
+
+def test_measure_truth_continues_from_prior_checks(monkeypatch):
+    checked = []
+
+    def fresh_check(model_spec, batch, budget_bytes, headroom_bytes, **extra):
+        checked.append(batch)
+        return {"batch": batch, "fits": batch <= 66, "ran": True, "peak_bytes": None, "error": None, "seconds": 1.0}
+
+    monkeypatch.setattr(probe_truth, "fresh_check", fresh_check)
+    monkeypatch.setattr(probe_truth, "log", lambda message: None)
+    prior = [fresh_check("m", b, None, None) for b in (59, 60, 65, 71)]
+    checked.clear()
+    truth = probe_truth.measure_truth("m", [59], [71], budget_bytes=None, headroom_bytes=None,
+                                      seconds_left=lambda: 1e9, check_cost_seconds=1.0, prior_checks=prior)
+    assert truth["ceiling"] == 66 and truth["first_failure_above"] == 67 and truth["narrowed_to_resolution"]
+    assert checked and not set(checked) & {59, 60, 65, 71} and all(65 < b < 71 for b in checked)

@@ -27,7 +27,9 @@ over the truth ceiling), and whether max_batch and safe_batch were safe: `yes` w
 fitted in a fresh process or lies at or under a fresh fit, `NO` when it failed fresh or lies at or
 above a fresh failure (probe_truth.judge). The fresh peak at max_batch is given as a share of the
 budget: the probe's own limit is 0.975 x budget (a 2.5% measurement margin), so an answer a little
-under the truth is by design.
+under the truth is by design. The same checks are also read against that limit: the largest checked
+batch whose fresh peak is <= 0.975 x budget, below the smallest checked batch over it (shown in
+brackets). No check is run for it, so it is only as fine as the checks the truth search chose.
 
 The budget: 1.5 GiB resident by default. On this machine kind a fresh mobilenet_v2 process holds
 about 1.0-1.4 GiB at batch 8 (float32 1,110 MB, mixed_bfloat16 1,090 MB, QAT 1,229 MB, pruned
@@ -46,6 +48,10 @@ BENCHMARKS.md between the markers below (harness.write_section).
 
     python tools/bench/edge_models_bench.py --benchmarks-md BENCHMARKS.md        # 30-60 minutes on 2 shared cores
     python tools/bench/edge_models_bench.py --from-json tools/bench/results/edge_models.json --benchmarks-md BENCHMARKS.md
+    python tools/bench/edge_models_bench.py --from-json tools/bench/results/edge_models.json --narrow --jobs 2
+
+--narrow continues, from the checks already in the results file, the truths that time cut short
+(the probes are not run again; the section says which checks came from that later run).
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ VARIANTS = {
     "prune": ("float32", "prune"),
 }
 PROBE_TIMEOUT_SECONDS = 1800
+FIT_MARGIN = 0.975  # edgebatch.probing.api.MEASUREMENT_MARGIN: max_batch's peak must fit 0.975 x budget
 MIB = 1024**2
 
 
@@ -166,18 +173,57 @@ def run_variant(name: str, model: str, budget_bytes: int, repeats: int, truth_se
             seconds_left=lambda: deadline - time.monotonic(), check_cost_seconds=60.0,
             precision=precision, optimize=optimize,
         )
-        checks = {c["batch"]: c for c in truth["checks"]}
-        for facts in probes:
-            if "error" in facts:
-                continue
-            facts["judged_max"] = probe_truth.judge(facts["max_batch"], truth)
-            facts["judged_safe"] = probe_truth.judge(facts["safe_batch"], truth)
-            fresh = checks.get(facts["max_batch"])
-            facts["fresh_peak_at_max_bytes"] = fresh["peak_bytes"] if fresh else None
+        judge_probes({"truth": truth, "probes": probes})
         log(f"{name}: truth {truth['ceiling']} (first failure above {truth['first_failure_above']}, "
             f"narrowed {truth['narrowed_to_resolution']}), answers {answers}")
     return {"variant": name, "precision": precision, "optimize": optimize, "probes": probes, "truth": truth,
             "seconds": round(time.monotonic() - started, 1)}
+
+
+def judge_probes(row: dict) -> None:
+    """Judge every probe of a variant against its truth (probe_truth.judge), in place."""
+    truth = row["truth"]
+    checks = {c["batch"]: c for c in truth["checks"]}
+    for facts in row["probes"]:
+        if "error" in facts:
+            continue
+        facts["judged_max"] = probe_truth.judge(facts["max_batch"], truth)
+        facts["judged_safe"] = probe_truth.judge(facts["safe_batch"], truth)
+        fresh = checks.get(facts["max_batch"])
+        facts["fresh_peak_at_max_bytes"] = fresh["peak_bytes"] if fresh else None
+
+
+def narrow(data: dict, variants: list[str], truth_seconds: float, jobs: int) -> dict:
+    """Continue the truth searches of a results file that were cut short by time, from their checks.
+
+    The probes are not run again; the checks already made are kept as they are, and the new ones are
+    listed in `narrowed_later` so the section can say which checks came in a second run.
+    """
+    def one(row: dict) -> None:
+        truth = row["truth"]
+        if truth is None or truth["narrowed_to_resolution"] or row["variant"] not in variants:
+            return
+        answers = [p["max_batch"] for p in row["probes"] if "error" not in p]
+        hints = sorted({b for p in row["probes"] if "error" not in p for b in p["failed_batches_above"]})
+        deadline = time.monotonic() + truth_seconds
+        before = {c["batch"] for c in truth["checks"]}
+        row["truth"] = probe_truth.measure_truth(
+            data["model"], answers, hints or [int(max(answers) * 1.08) + 1], budget_bytes=data["budget_bytes"],
+            headroom_bytes=None, seconds_left=lambda: deadline - time.monotonic(), check_cost_seconds=60.0,
+            precision=row["precision"], optimize=row["optimize"], prior_checks=truth["checks"],
+        )
+        row["truth"]["narrowed_later"] = sorted({c["batch"] for c in row["truth"]["checks"]} - before)
+        judge_probes(row)
+        log(f"{row['variant']}: truth {row['truth']['ceiling']} (first failure above "
+            f"{row['truth']['first_failure_above']}, narrowed {row['truth']['narrowed_to_resolution']})")
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, data["variants"]))
+    data["narrow_run"] = {"command": "python tools/bench/edge_models_bench.py " + " ".join(sys.argv[1:]),
+                          "seconds": round(time.monotonic() - started, 1),
+                          "environment": environment(), "load_average_at_end": load_average()}
+    return data
 
 
 def run(model: str, budget_bytes: int, variants: list[str], repeats: int, truth_seconds: float, jobs: int) -> dict:
@@ -211,6 +257,18 @@ def _value(values: list, fmt: str = "{}") -> str:
     return f"{fmt.format(middle)} [{fmt.format(present[0])}-{fmt.format(present[-1])}]"
 
 
+def fit_limit_truth(checks: list[dict], budget_bytes: int) -> tuple[int | None, int | None]:
+    """From the same fresh checks, judged against the probe's own limit (0.975 x budget, the 2.5%
+    measurement margin max_batch is defined by): the largest checked batch whose fresh peak is under
+    it, below the smallest checked batch that ran over it or failed, and that batch."""
+    limit = FIT_MARGIN * budget_bytes
+    over = [c["batch"] for c in checks if not c["ran"] or c["peak_bytes"] is None or c["peak_bytes"] > limit]
+    first_over = min(over, default=None)
+    under = [c["batch"] for c in checks if c["ran"] and c["peak_bytes"] is not None and c["peak_bytes"] <= limit
+             and (first_over is None or c["batch"] < first_over)]
+    return max(under, default=None), first_over
+
+
 def _safe(judged: list[dict]) -> str:
     verdicts = [j["unsafe"] for j in judged]
     if any(v is True for v in verdicts):
@@ -240,9 +298,9 @@ def markdown(data: dict) -> str:
          "variant(s) at a time, so probe seconds include sharing the 2 cores."),
         "",
         ("| variant | max_batch | safe_batch | trials (failed, fresh) | probe s | per-sample MiB | fixed MiB | "
-         "truth ceiling | first fresh failure | found/true | fresh peak at max_batch / budget | max_batch safe | "
-         "safe_batch safe |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+         "truth ceiling | first fresh failure | found/true | fresh fit under 0.975 x budget (next over) | "
+         "fresh peak at max_batch / budget | max_batch safe | safe_batch safe |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for row in data["variants"]:
@@ -252,7 +310,7 @@ def markdown(data: dict) -> str:
             notes.append(f"{row['variant']}: {len(errors)} probe(s) failed: {errors[0]}")
         truth = row["truth"] or {}
         if not probes:
-            lines.append(f"| {row['variant']} | - | - | - | - | - | - | - | - | - | - | - | - |")
+            lines.append(f"| {row['variant']} | - | - | - | - | - | - | - | - | - | - | - | - | - |")
             continue
         ceiling = truth.get("ceiling")
         first = truth.get("first_failure_above")
@@ -260,6 +318,8 @@ def markdown(data: dict) -> str:
         trials = _value([p["trials"] for p in probes])
         failed = _value([p["failed_trials"] for p in probes])
         fresh = _value([p["fresh_trials"] for p in probes])
+        under_limit, over_limit = fit_limit_truth(truth.get("checks", []), budget)
+        at_limit = "-" if under_limit is None else f"{under_limit} ({over_limit if over_limit is not None else '-'})"
         peak_share = [p["fresh_peak_at_max_bytes"] / budget if p.get("fresh_peak_at_max_bytes") else None for p in probes]
         lines.append(
             f"| {row['variant']} | {_value([p['max_batch'] for p in probes])} | "
@@ -269,12 +329,17 @@ def markdown(data: dict) -> str:
             f"{_value([p['fixed_bytes'] / MIB if p['fixed_bytes'] else None for p in probes], '{:.0f}')} | "
             f"{ceiling if ceiling is not None else '-'}{narrowed} | {first if first is not None else '-'} | "
             f"{_value([p['judged_max']['found_over_true'] for p in probes if 'judged_max' in p], '{:.3f}')} | "
-            f"{_value(peak_share, '{:.3f}')} | {_safe([p['judged_max'] for p in probes if 'judged_max' in p])} | "
+            f"{at_limit} | {_value(peak_share, '{:.3f}')} | {_safe([p['judged_max'] for p in probes if 'judged_max' in p])} | "
             f"{_safe([p['judged_safe'] for p in probes if 'judged_safe' in p])} |"
         )
         if truth.get("failures_below_ceiling"):
             notes.append(f"{row['variant']}: fresh failures below the truth ceiling at {truth['failures_below_ceiling']}")
-    lines += ["", "Fresh checks (batch: resident peak MiB, or why it failed; seconds):", ""]
+    if data.get("narrow_run"):
+        narrow_run = data["narrow_run"]
+        lines += ["", (f"Truths cut short by time were continued later from their checks by `{narrow_run['command']}` "
+                       f"on {narrow_run['environment']['date_utc']} ({narrow_run['seconds']:.0f} s; load average at the "
+                       f"start {narrow_run['environment']['load_average_at_start']}); the probes were not rerun.")]
+    lines += ["", "Fresh checks (batch: resident peak MiB, 'over' = over the budget, or why it failed):", ""]
     for row in data["variants"]:
         checks = (row["truth"] or {}).get("checks", [])
         described = "; ".join(
@@ -282,7 +347,9 @@ def markdown(data: dict) -> str:
             else f"{c['batch']}: {c['error']}" for c in checks
         )
         seconds = (row["truth"] or {}).get("seconds")
-        lines.append(f"- {row['variant']}: {described or 'none'}" + (f" ({seconds:.0f} s of child time)" if seconds else ""))
+        later = (row["truth"] or {}).get("narrowed_later")
+        lines.append(f"- {row['variant']}: {described or 'none'}" + (f" ({seconds:.0f} s of child time)" if seconds else "")
+                     + (f"; {', '.join(map(str, later))} checked in the later --narrow run" if later else ""))
     lines += ["", "Probe trials (batch: resident peak MiB, f = fresh worker, x = failed):", ""]
     for row in data["variants"]:
         for index, probe in enumerate(p for p in row["probes"] if "error" not in p):
@@ -328,13 +395,21 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="variants run at the same time")
     parser.add_argument("--benchmarks-md", type=Path, default=None, help="write this bench's section into this file")
     parser.add_argument("--from-json", type=Path, default=None, help="re-render a results file instead of running")
+    parser.add_argument("--narrow", action="store_true",
+                        help="with --from-json: continue the truths it did not narrow to 1%% (probes not rerun), save it")
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.narrow and args.from_json is None:
+        parser.error("--narrow continues a results file: give it with --from-json")
     if args.from_json is not None:
         data = json.loads(args.from_json.read_text())
+        if args.narrow:
+            data = narrow(data, variants, args.truth_seconds, args.jobs)
+            write_json(RESULTS_FILE, data)
+            log(f"wrote {RESULTS_FILE}")
     else:
         data = run(args.model, parse_size_bytes(args.budget), variants, args.repeats, args.truth_seconds, args.jobs)
         write_json(RESULTS_FILE, data)

@@ -72,6 +72,7 @@ def measure_truth(
     seq_len: int | None = None,
     precision: str = "float32",
     optimize: str = "none",
+    prior_checks: Iterable[dict] = (),
 ) -> dict:
     """The largest batch that fits in a fresh process, near the methods' answers.
 
@@ -82,9 +83,10 @@ def measure_truth(
     (a fresh fit), the first fresh failure above it, every check, whether the interval was
     narrowed to `resolution`, and, when a method's failure below the ceiling also fails fresh, the
     largest fresh fit under it (`edge_below_first_failure`). `seq_len`, `precision` and `optimize`
-    go to every check (fresh_check).
+    go to every check (fresh_check). `prior_checks`: fresh_check results of an earlier search of
+    the same truth, taken as they are (a search cut short by time can be continued).
     """
-    checks: dict[int, dict] = {}
+    checks: dict[int, dict] = {c["batch"]: c for c in prior_checks}
     answers = sorted({b for b in found if b}, reverse=True)
     hints = sorted(set(failed_hints))
     with ThreadPoolExecutor(max_workers=PARALLEL_CHECKS) as pool:
