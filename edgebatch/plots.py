@@ -24,8 +24,8 @@ def plot_profile(profile, output: str | Path) -> Path:
     output = Path(output)
     if output.suffix.lower() != ".png":
         raise UsageError(f"plot output must be a .png file, got {str(output)!r}")
-    measured = sorted((t for t in profile.trials if t.measured and t.peak_bytes is not None), key=lambda t: t.batch)
-    failed = [t for t in profile.trials if t.measured and t.peak_bytes is None]
+    measured = sorted((t for t in profile.answer_trials if t.measured and t.peak_bytes is not None), key=lambda t: t.batch)
+    failed = [t for t in profile.answer_trials if t.measured and t.peak_bytes is None]
     figure, (memory_axes, rate_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
     fits = [t for t in measured if t.ok]
     over = [t for t in measured if not t.ok]
@@ -37,7 +37,7 @@ def plot_profile(profile, output: str | Path) -> Path:
         memory_axes.axvline(trial.batch, color="tab:red", linestyle=":", linewidth=1)
     if failed:
         memory_axes.plot([], [], color="tab:red", linestyle=":", label="OOM / worker killed")
-    largest = max([t.batch for t in profile.trials] + [profile.max_batch])
+    largest = max([t.batch for t in profile.answer_trials] + [profile.max_batch])
     model = profile.memory_model
     if model is not None:
         memory_axes.plot([0, largest], [model.fixed_bytes / GIB, model.predict_bytes(largest) / GIB],

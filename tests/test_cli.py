@@ -26,7 +26,7 @@ def test_help_is_instant_and_imports_no_tensorflow():
     assert done.stdout.split() == ["False", "False"]
     help_run = subprocess.run([sys.executable, "-m", "edgebatch", "probe", "--help"], capture_output=True, text=True)
     assert help_run.returncode == 0
-    assert "--memory-budget" in help_run.stdout
+    assert "--memory-budget" in help_run.stdout and "--seq-lens" in help_run.stdout
     print(f"import + help: {time.perf_counter() - started:.2f} s")
 
 
@@ -43,6 +43,10 @@ def test_help_is_instant_and_imports_no_tensorflow():
         (["probe", "--precision", "int4"], "--precision"),
         (["probe", "--start", "0"], "--start"),
         (["probe", "--max-batch", "4", "--multiple", "8", "--memory-budget", "1GiB"], "--max-batch"),
+        (["probe", "--model", "mobilenet_v2", "--seq-lens", "64"], "fixed input shape"),
+        (["probe", "--model", "transformer_tiny", "--seq-lens", "64,x"], "--seq-lens expects token counts"),
+        (["probe", "--model", "transformer_tiny", "--seq-lens", "0,64"], "--seq-lens must be 1 token or more"),
+        (["probe", "--model", "transformer_tiny", "--seq-lens", "64,1024"], "at most 512 tokens"),
     ],
 )
 def test_bad_input_is_one_line_with_exit_code_2(runner, args, fragment, tmp_path):

@@ -4,6 +4,7 @@ over lengths with a scripted search, which lengths a request resolves to, and th
 import dataclasses
 
 import pytest
+from test_probe_search import MIB, linear, runs, simulate, true_ceiling
 
 from edgebatch.errors import UsageError
 from edgebatch.probing import per_length, token_fit
@@ -13,7 +14,6 @@ from edgebatch.probing.reuse import reuse_problem
 from edgebatch.probing.search import Run, SearchConfig, next_step
 from edgebatch.profiles import MemoryModel, Trial, model_key
 from edgebatch.zoo import parse_model_spec
-from test_probe_search import MIB, linear, runs, simulate, true_ceiling
 
 # transformer_tiny on this machine kind (a probe at 64 and 256 tokens under 1.5 GiB): ~750 MiB
 # before any batch, then a x B x L + b x B x L^2 with a ~6.6 kB and b ~108 B.
@@ -51,7 +51,7 @@ def scripted_search(budget_bytes, calls):
     def search(config, setup, workers, measure, progress, fork):
         length = setup.sequence_length
         calls.append((length, config.prior_model, list(workers)))
-        outcomes_peak = lambda b: int(peak_mib(b, length) * MIB)  # noqa: E731
+        outcomes_peak = lambda b: int(peak_mib(b, length) * MIB)
         answer, steps = simulate(config, outcomes_peak)
         trials = []
         for step in steps:

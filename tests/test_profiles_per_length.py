@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from profile_factory import MIB, make_profile
 
 from edgebatch.errors import ProfileError
 from edgebatch.profiles import (
@@ -17,7 +18,6 @@ from edgebatch.profiles import (
 )
 from edgebatch.profiles.model import DeviceProfile
 from edgebatch.profiles.schema import READABLE_SCHEMA_VERSIONS
-from profile_factory import MIB, make_profile
 
 COMMITTED = Path(__file__).resolve().parent.parent / "device_profiles"
 
@@ -95,3 +95,12 @@ def test_a_saved_per_length_profile_loads_from_its_file(tmp_path):
     profile = per_length_profile()
     path = save_profile(profile, tmp_path)
     assert load_profile(path) == profile
+
+
+def test_plots_and_fleet_read_the_longest_lengths_trials_only():
+    profile = per_length_profile()
+    short = dataclasses.replace(profile.trials[0], seq_len=64, batch=300)
+    mixed = dataclasses.replace(profile, trials=(short, *profile.trials))
+    assert mixed.answer_trials == profile.trials
+    plain = make_profile()
+    assert plain.answer_trials == plain.trials

@@ -294,7 +294,7 @@ def device_from_profile(profile, *, device_id: str, label: str | None = None) ->
         device_id=device_id,
         label=label or device_id,
         safe_batch=int(profile.safe_batch),
-        points=throughput_points(profile.trials),
+        points=throughput_points(profile.answer_trials),
     )
 
 

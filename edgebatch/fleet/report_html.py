@@ -269,18 +269,18 @@ def _device_figure(plt, device_rows: list[ProfileRow]):
         profile = row.profile
         colour = colours[index % len(colours)]
         label = plot_text(row.model_name)
-        measured = sorted((t for t in profile.trials if t.measured and t.peak_bytes is not None), key=lambda t: t.batch)
+        measured = sorted((t for t in profile.answer_trials if t.measured and t.peak_bytes is not None), key=lambda t: t.batch)
         fits = [t for t in measured if t.ok]
         over = [t for t in measured if not t.ok]
         memory_axes.scatter([t.batch for t in fits], [t.peak_bytes / GIB for t in fits], color=colour, label=label)
         if over:
             memory_axes.scatter([t.batch for t in over], [t.peak_bytes / GIB for t in over], color=colour, marker="x")
-        for trial in profile.trials:
+        for trial in profile.answer_trials:
             if trial.measured and trial.peak_bytes is None:
                 memory_axes.axvline(trial.batch, color=colour, linestyle=":", linewidth=1)
         model = profile.memory_model
         if model is not None:
-            largest = max([t.batch for t in profile.trials] + [profile.max_batch])
+            largest = max([t.batch for t in profile.answer_trials] + [profile.max_batch])
             memory_axes.plot([0, largest], [model.fixed_bytes / GIB, model.predict_bytes(largest) / GIB],
                              color=colour, linewidth=1, alpha=0.6)
         if profile.budget_bytes not in budgets_drawn:

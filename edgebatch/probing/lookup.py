@@ -14,7 +14,14 @@ from edgebatch.errors import UsageError
 from edgebatch.probing.budget import default_device, device_facts
 from edgebatch.profiles import DeviceProfile, find_profile, model_key, resolve_profiles_dir
 from edgebatch.profiles.fingerprint import config_hash
-from edgebatch.zoo import OPTIMIZATIONS, OPTIMIZERS, PRECISIONS, build_base_model, parse_model_spec
+from edgebatch.zoo import (
+    OPTIMIZATIONS,
+    OPTIMIZERS,
+    PRECISIONS,
+    SEQUENCE_MODEL_MAX_LENGTHS,
+    build_base_model,
+    parse_model_spec,
+)
 
 
 def cached_profile(
@@ -25,6 +32,7 @@ def cached_profile(
     optimizer: str = "adam",
     optimize: str = "none",
     profiles_dir: str | Path | None = None,
+    seq_lens: str | tuple[int, ...] | None = None,
 ) -> DeviceProfile | None:
     """The cached DeviceProfile for `model` on `device` (default: the probe's default), or None.
 
@@ -34,6 +42,9 @@ def cached_profile(
     `optimize` "qat" or "prune", give the model as the probe was given it, before TFMOT wrapped it
     (a tf_keras model; a name or file is built with tf_keras, as the probe builds it): the key
     names the model by its unwrapped architecture. This does not import TFMOT.
+    A model with a variable sequence axis was probed per length: `seq_lens` are those lengths
+    (default for transformer_tiny and lstm_small, by name or as built by the zoo: the probe's
+    default ladder); for any other such model without `seq_lens` this is a UsageError.
     """
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
@@ -43,8 +54,10 @@ def cached_profile(
         raise UsageError(f"unknown optimize {optimize!r}: choose one of {', '.join(OPTIMIZATIONS)}")
     import tensorflow as tf
 
+    from edgebatch.probing import token_fit
     from edgebatch.probing.trial import architecture_description, input_specs
 
+    lengths = token_fit.parse_seq_lens(seq_lens)
     if isinstance(model, str):
         spec = parse_model_spec(model)
         model = _build_keeping_dtype_policy(spec, precision, optimize)
@@ -54,9 +67,19 @@ def cached_profile(
         name = model.name
     facts = device_facts((device or default_device()).upper())
     fingerprint = facts.fingerprint
-    inputs = [{"shape": list(spec.shape), "dtype": spec.dtype} for spec in input_specs(model)]
+    specs = input_specs(model, sequence_length=1)  # any length: only the declared shapes are read
+    if not any(spec.variable for spec in specs):
+        lengths = None
+    elif lengths is None and name in SEQUENCE_MODEL_MAX_LENGTHS:
+        lengths = token_fit.default_lengths(SEQUENCE_MODEL_MAX_LENGTHS[name])
+    elif lengths is None:
+        raise UsageError(
+            f"model {name!r} has a variable sequence axis and was probed per length: pass seq_lens= (the --seq-lens it "
+            "was probed with)"
+        )
+    inputs = [{"shape": list(spec.declared_shape or spec.shape), "dtype": spec.dtype} for spec in specs]
     key = model_key(name, config_hash(architecture_description(model)), inputs, precision, optimizer, tf.__version__,
-                    optimize=optimize)
+                    optimize=optimize, seq_lens=lengths)
     return find_profile(resolve_profiles_dir(profiles_dir), fingerprint, key)
 
 

@@ -15,10 +15,9 @@ Also here: the `--seq-lens` text, the default ladder of lengths and the order th
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from edgebatch.errors import UsageError
-from edgebatch.profiles.model import LengthCeiling, MemoryModel, TokenMemoryModel
+from edgebatch.profiles.model import LengthCeiling, TokenMemoryModel
 
 # The default ladder doubles from this length up to the model's longest (64,128,256,512 for 512).
 LADDER_START_LENGTH = 64

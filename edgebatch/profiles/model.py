@@ -179,6 +179,18 @@ class DeviceProfile:
             object.__setattr__(self, "trials", tuple(self.trials))
 
     @property
+    def answer_trials(self) -> tuple[Trial, ...]:
+        """The trials the top-level answer was read from: a probe per length's longest length, else all.
+
+        Batches of different lengths do not share a memory or throughput curve, so plots, fleet
+        reports and plans read these.
+        """
+        if not self.per_length:
+            return self.trials
+        longest = max(self.per_length)
+        return tuple(trial for trial in self.trials if trial.seq_len == longest)
+
+    @property
     def device_fingerprint(self) -> str:
         return self.device["fingerprint"]
 

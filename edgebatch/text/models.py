@@ -36,7 +36,7 @@ LSTM_UNITS = 128
 DROPOUT = 0.1
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _position_embedding_class(keras):
     """A learned position embedding added to the token embedding, for sequences up to `max_length`.
 
@@ -75,7 +75,7 @@ def _position_embedding_class(keras):
     return PositionEmbedding
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _padding_mask_class(keras):
     """Where the tokens are real (id != 0): (batch, length) booleans, or (batch, 1, length) for attention."""
 
