@@ -104,6 +104,10 @@ class AdaptiveBatch:
         return decision, reading
 
     @staticmethod
+    def scheduled_rate(optimizer: Any, schedule: Any) -> float | None:
+        return scheduled_rate(optimizer, schedule)
+
+    @staticmethod
     def record(decision: AdaptDecision, reading: AdaptReading) -> dict[str, Any]:
         """UpdateRecord.adapt: the decision for the next update and the statistics behind it."""
         return {

@@ -94,7 +94,6 @@ from typing import Any, Callable
 
 from edgebatch.errors import TrainingError, UsageError
 from edgebatch.governor import Governor, GovernorConfig, Observation, PressureReader, split_micro_batches
-from edgebatch.training.adaptive import AdaptiveBatch, check_adapt, scheduled_rate
 from edgebatch.training.checkpoints import TrainingCheckpoint
 from edgebatch.training.data import ExampleBuffer, prepare_dataset, refuse_unreplayable_order, slice_examples
 from edgebatch.training.hard_failure import RunningMarker, take_hard_failure_micro_batch
@@ -223,6 +222,8 @@ def fit(
     if problem is not None:
         raise UsageError(problem)
     if adapt is not None:
+        from edgebatch.training.adaptive import check_adapt  # numpy: imported only when asked
+
         check_adapt(adapt, governor.config, replicas, batch_norm)
     refuse_unsupported_precision(model, optimizer, strategy)
     injected_oom_plan()  # a malformed EDGEBATCH_INJECT_OOM fails now, before any work
@@ -244,7 +245,7 @@ def fit(
             pressure_reader=pressure_reader, max_updates=max_updates, on_update=on_update,
             run_log=RunLog(log_dir, decision_log), callbacks=_callback_list(model, callbacks, epochs),
             fixed_micro_batch=batch_norm == "fixed_micro_batch", strategy=strategy,
-            adaptive=None if adapt is None else AdaptiveBatch(adapt, effective_batch),
+            adaptive=None if adapt is None else _adaptive_batch(adapt, effective_batch),
         )
         loop.report.batch_norm_layers = normalizers
         loop.report.batch_norm = batch_norm
@@ -253,6 +254,12 @@ def fit(
         loop.report.unbatched_input = unbatched
         loop.report.replicas = replicas
         return loop.run()
+
+
+def _adaptive_batch(adapt: Any, effective_batch: int) -> Any:
+    from edgebatch.training.adaptive import AdaptiveBatch
+
+    return AdaptiveBatch(adapt, effective_batch)
 
 
 def _check_arguments(effective_batch, epochs, checkpoint_dir, checkpoint_every_updates, max_updates,
@@ -571,10 +578,10 @@ class _GovernedLoop:
             adapt_decision, reading = adaptive.observe(
                 update=self.progress.updates + 1, examples=examples, sizes=sizes,
                 piece_sq_norms=measured[0], per_example=measured[1], update_statistics=update_statistics,
-                loss_mean=loss_mean, schedule_rate=scheduled_rate(self.optimizer, self.scaler.schedule),
+                loss_mean=loss_mean, schedule_rate=adaptive.scheduled_rate(self.optimizer, self.scaler.schedule),
                 memory_micro_batch_samples=after.micro_batch,
             )
-            adapt_record = AdaptiveBatch.record(adapt_decision, reading)
+            adapt_record = adaptive.record(adapt_decision, reading)
         self.progress = Progress(
             epoch=self.progress.epoch,
             examples_in_epoch=self.progress.examples_in_epoch + examples,
