@@ -52,6 +52,12 @@ tf_keras SyncBatchNormalization) use the global piece's statistics; fit treats t
 BatchNormalization (untested). Tested on two logical CPU devices; multi-GPU runs (NCCL all-reduce)
 are not tested here.
 
+MultiWorkerMirroredStrategy (workers.py, worker_loop.py): one device per worker process; each
+worker trains its share of every update (even, or `worker_shares`) with local accumulation and
+local OOM retries, and the workers exchange one small status per update before the optimizer's
+all-reduce; decisions are lockstep (worst pressure wins) without `worker_shares`, each worker's
+own with them. Updates equal the plain loop's (tests/test_training_multi_worker.py).
+
 Adaptive batch (`adapt=AdaptConfig(...)`, adaptive.py, edgebatch/adapt/): the statistical policy
 sets each update's effective batch (starting at `effective_batch`) from the gradient noise scale,
 direction agreement between updates, loss plateaus, the LR schedule's phase and drift, and the
