@@ -4,6 +4,7 @@ quantization-aware MobileNetV2 fine-tune governed updates, and a Keras 3 model i
 is unaffected. Each scenario runs in a fresh process (tests/support/tfmot_fit_run.py): importing
 TFMOT changes what `tf.keras` means for the whole process."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,7 +12,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("tensorflow_model_optimization")
+# Never import TFMOT here (importorskip would): it changes what tf.keras means for every later test.
+if importlib.util.find_spec("tensorflow_model_optimization") is None:
+    pytest.skip("tensorflow-model-optimization is not installed", allow_module_level=True)
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "tfmot_fit_run.py")
 
