@@ -58,7 +58,7 @@ from edgebatch.errors import UsageError
 from edgebatch.governor import Decision, Governor, Observation, PressureReader
 from edgebatch.training.pruning import pruning_layers
 from edgebatch.training.replicas import check_governor_for_replicas
-from edgebatch.training.steps import batch_norm_layers, mirrored_strategy_of
+from edgebatch.training.steps import batch_norm_layers, is_multi_worker, mirrored_strategy_of
 
 __all__ = ["GovernorCallback", "MicroBatchController", "TfKerasGovernorCallback", "enable_micro_batching"]
 
@@ -210,6 +210,11 @@ def enable_micro_batching(
         )
     world = _world_of(model)
     strategy = mirrored_strategy_of(model, getattr(model, "optimizer", None))
+    if strategy is not None and is_multi_worker(strategy):
+        raise UsageError(
+            "enable_micro_batching does not support MultiWorkerMirroredStrategy (untested there): use "
+            "edgebatch.training.fit, which does"
+        )
     replicas = 1 if strategy is None else int(strategy.num_replicas_in_sync)
     problem = check_governor_for_replicas(governor.config, replicas)
     if problem is not None:

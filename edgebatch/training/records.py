@@ -122,7 +122,9 @@ class FitReport:
     "fixed_micro_batch"). `unbatched_input` is True when fit unbatched a batched dataset.
     `replicas` is the MirroredStrategy's replica count (1 without a strategy); with more than one,
     micro-batch sizes (UpdateRecord.micro_batches, OomEvent.micro_batch) are global: each replica
-    ran an even share of them. `adapt_changes` lists the adaptive policy's changes of the effective
+    ran an even share of them, except under MultiWorkerMirroredStrategy, where `replicas` counts
+    the workers and the sizes are this worker's own pieces of its share (`examples` and `loss`
+    stay the whole update's). `adapt_changes` lists the adaptive policy's changes of the effective
     batch during this call ({"update", "effective_batch", "reason", "lr_scale"}; empty without adapt).
     `pruning_step` is a TFMOT-pruned model's pruning step when fit returned (None for other
     models): it advances once per optimizer update (training/pruning.py).
