@@ -153,7 +153,28 @@ def slice_examples(structure: Any, flat_arrays: list[Any], start: int, size: int
     """Examples [start, start + size) of `flat_arrays`, packed like the dataset's element spec."""
     import tensorflow as tf
 
-    return tf.nest.pack_sequence_as(structure, [array[start : start + size] for array in flat_arrays])
+    from edgebatch.training.sequences import pad_rows
+
+    pieces = [array[start : start + size] for array in flat_arrays]
+    # Variable-length components (object arrays of per-example arrays) are padded to the piece's longest.
+    pieces = [pad_rows(piece) if piece.dtype == object else piece for piece in pieces]
+    return tf.nest.pack_sequence_as(structure, pieces)
+
+
+def _host_rows(tensor: Any) -> Any:
+    """A chunk's component as numpy: a dense array, or for a ragged one an object array of rows."""
+    import tensorflow as tf
+
+    if isinstance(tensor, tf.RaggedTensor):
+        from edgebatch.training.sequences import ragged_rows
+
+        if tensor.ragged_rank != 1:
+            raise UsageError(
+                f"examples may vary in length along one axis only (their first), got a component with "
+                f"{tensor.ragged_rank} ragged axes: pad the others in the dataset"
+            )
+        return ragged_rows(tensor.flat_values.numpy(), tensor.row_splits.numpy())
+    return tensor.numpy()
 
 
 class ExampleBuffer:
@@ -164,9 +185,14 @@ class ExampleBuffer:
     def __init__(self, dataset: Any, skip_examples: int, chunk_examples: int) -> None:
         import tensorflow as tf
 
+        from edgebatch.training.sequences import is_variable
+
         if skip_examples:
             dataset = dataset.skip(skip_examples)
-        self._iterator = iter(dataset.batch(chunk_examples).prefetch(tf.data.AUTOTUNE))
+        # Variable-length examples (sequences.py) are read as ragged rows and padded per piece later.
+        self._ragged = any(is_variable(leaf) for leaf in tf.nest.flatten(dataset.element_spec))
+        batched = dataset.ragged_batch(chunk_examples) if self._ragged else dataset.batch(chunk_examples)
+        self._iterator = iter(batched.prefetch(tf.data.AUTOTUNE))
         self._chunks: list[list[Any]] = []
         self._buffered = 0
         self._ended = False
@@ -190,7 +216,7 @@ class ExampleBuffer:
             return False
         finally:
             self._read_seconds += time.perf_counter() - started
-        arrays = [tensor.numpy() for tensor in tf.nest.flatten(chunk)]
+        arrays = [_host_rows(tensor) for tensor in tf.nest.flatten(chunk)]
         self._chunks.append(arrays)
         self._buffered += len(arrays[0])
         return True

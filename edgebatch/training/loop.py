@@ -262,6 +262,14 @@ def fit(
         return loop.run()
 
 
+def _by_length(flat_examples: list) -> list:
+    """Variable-length examples of one update in order of length (sequences.py); others as they are."""
+    from edgebatch.training.sequences import length_order
+
+    order = length_order(flat_examples)
+    return flat_examples if order is None else [array[order] for array in flat_examples]
+
+
 def _adaptive_batch(adapt: Any, effective_batch: int) -> Any:
     from edgebatch.training.adaptive import AdaptiveBatch
 
@@ -543,6 +551,7 @@ class _GovernedLoop:
         wanted = decision.effective_batch if adaptive is None else adaptive.effective_batch_samples
         lr_scale = decision.lr_scale if adaptive is None else adaptive.lr_scale()
         flat_examples, examples = buffer.take(wanted)
+        flat_examples = _by_length(flat_examples)
         # The wait for examples (this take, and the read-ahead since the last update) is not step
         # time: a slow input pipeline must not look like memory pressure to the governor.
         input_seconds = buffer.pop_read_seconds()
