@@ -54,6 +54,8 @@ from harness import (
     log,
     ratio_stat,
     stat_of,
+    spin_load,
+    wait_for_load,
     write_json,
     write_section,
 )
@@ -83,15 +85,6 @@ PROFILE_MIN_SECONDS = 0.4
 PROFILE_MIN_STEPS = 3
 INTERFERENCE_BATCH = 64  # a batch both workers may run
 INTERFERENCE_SECONDS = 2.0
-
-
-def _spin(cpu: int, stop) -> None:
-    """The competing load: a pure-Python busy loop on one CPU until `stop` is set."""
-    os.sched_setaffinity(0, {cpu})
-    counter = 0
-    while not stop.is_set():
-        for _ in range(100_000):
-            counter += 1
 
 
 def _worker(spec: dict, names: list, effective_batch: int, repeats: int, updates: int, inbox, outbox, barrier) -> None:
@@ -297,7 +290,7 @@ def run(condition: str, effective_batch: int, repeats: int, updates: int) -> dic
     cgroup = None
     specs = [dict(spec) for spec in WORKERS]
     if condition == "spin":
-        spinner = context.Process(target=_spin, args=(SLOW_CPU, stop), daemon=True)
+        spinner = context.Process(target=spin_load, args=(SLOW_CPU, stop), daemon=True)
         spinner.start()
     elif condition == "quota":
         cgroup = _make_quota_cgroup()
@@ -562,16 +555,6 @@ def markdown(data: dict) -> str:
         SECTION_END,
     ]
     return "\n".join(lines)
-
-
-def wait_for_load(below: float, limit_seconds: float) -> dict:
-    """Wait until the 1-minute load average is below `below`, at most `limit_seconds`; say what happened."""
-    started = time.monotonic()
-    while os.getloadavg()[0] >= below and time.monotonic() - started < limit_seconds:
-        time.sleep(5)
-    reached = os.getloadavg()[0] < below
-    log(f"load average {load_average()} after {time.monotonic() - started:.0f} s of waiting")
-    return {"below": below, "seconds": time.monotonic() - started, "reached": reached}
 
 
 def main() -> None:

@@ -244,3 +244,22 @@ def write_section(path: Path, section: str, start_marker: str, end_marker: str) 
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(text)
+
+
+def spin_load(cpu: int, stop) -> None:
+    """A competing load for benches: a pure-Python busy loop pinned to `cpu` until `stop` (an Event) is set."""
+    os.sched_setaffinity(0, {cpu})
+    counter = 0
+    while not stop.is_set():
+        for _ in range(100_000):
+            counter += 1
+
+
+def wait_for_load(below: float, limit_seconds: float) -> dict:
+    """Wait until the 1-minute load average is below `below`, at most `limit_seconds`; say what happened."""
+    started = time.monotonic()
+    while os.getloadavg()[0] >= below and time.monotonic() - started < limit_seconds:
+        time.sleep(5)
+    reached = os.getloadavg()[0] < below
+    log(f"load average {load_average()} after {time.monotonic() - started:.0f} s of waiting")
+    return {"below": below, "seconds": time.monotonic() - started, "reached": reached}

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS_DIR, environment, load_average, log, write_json, write_section
+from harness import RESULTS_DIR, environment, load_average, log, spin_load, wait_for_load, write_json, write_section
 
 SECTION_START = "<!-- multi_worker_bench:start -->"
 SECTION_END = "<!-- multi_worker_bench:end -->"
@@ -54,15 +54,6 @@ PROFILE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_SECONDS = 1.0
 IMAGE_SHAPE = (32, 32, 3)
 CLASSES = 10
-
-
-def _spin(cpu: int, stop) -> None:
-    """The competing load: a pure-Python busy loop on one CPU until `stop` is set."""
-    os.sched_setaffinity(0, {cpu})
-    counter = 0
-    while not stop.is_set():
-        for _ in range(100_000):
-            counter += 1
 
 
 def _free_port() -> int:
@@ -171,7 +162,7 @@ def worker(index: int, ports: list[int], out: Path, effective_batch: int, blocks
 def run(effective_batch: int, blocks: int, updates: int) -> dict:
     ports = [_free_port(), _free_port()]
     stop = mp.Event()
-    spinner = mp.Process(target=_spin, args=(1, stop), daemon=True)
+    spinner = mp.Process(target=spin_load, args=(1, stop), daemon=True)
     spinner.start()
     try:
         with tempfile.TemporaryDirectory() as directory:
@@ -258,11 +249,8 @@ def main() -> None:
     if args.from_json:
         data = json.loads(args.from_json.read_text())
     else:
-        if args.wait_for_load is not None:
-            started = time.monotonic()
-            while os.getloadavg()[0] >= args.wait_for_load and time.monotonic() - started < 900:
-                time.sleep(5)
-        data = {"environment": environment(), "load_average_start": load_average(),
+        waited = None if args.wait_for_load is None else wait_for_load(args.wait_for_load, 900.0)
+        data = {"environment": environment(), "load_average_start": load_average(), "waited_for_load": waited,
                 "effective_batch": args.effective_batch, "blocks": args.blocks, "updates": args.updates}
         log("running two workers")
         data["run"] = run(args.effective_batch, args.blocks, args.updates)
