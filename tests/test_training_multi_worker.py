@@ -46,7 +46,7 @@ def test_bad_shares_are_usage_errors(weights):
 
 def test_a_status_survives_its_float_vector():
     status = WorkerStatus(
-        gave_up=True, loss_sum=3.25, examples=12, oom_events=((8, 8), (4, 4)), oom_count=2,
+        gave_up=True, loss_sum=3.25, examples=12, oom_events=(8, 4), oom_count=2,
         observation=Observation(pressure=0.93, step_seconds=0.5, micro_batch=8, limit_bytes=25_000_000_000,
                                 used_bytes=1_234_567_891, psi_some_avg10=1.5, measure="process_peak",
                                 own_bytes=987_654_321, running_micro_batch=8),
@@ -55,10 +55,10 @@ def test_a_status_survives_its_float_vector():
     empty = WorkerStatus(gave_up=False, loss_sum=0.0, examples=0, oom_events=(), oom_count=0,
                          observation=Observation(pressure=None))
     assert decode_status(encode_status(empty)) == empty
-    many = WorkerStatus(gave_up=False, loss_sum=1.0, examples=4, oom_events=tuple((i, i) for i in range(12)),
+    many = WorkerStatus(gave_up=False, loss_sum=1.0, examples=4, oom_events=tuple(range(1, 13)),
                         oom_count=12, observation=Observation(pressure=None))
     kept = decode_status(encode_status(many))
-    assert kept.oom_count == 12 and kept.oom_events == tuple((i, i) for i in range(12 - MAX_OOM_EVENTS, 12))
+    assert kept.oom_count == 12 and kept.oom_events == tuple(range(13 - MAX_OOM_EVENTS, 13))
 
 
 def test_the_worst_pressure_wins_with_the_slowest_step_and_largest_piece():

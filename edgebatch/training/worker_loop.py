@@ -63,7 +63,7 @@ class WorkerLoop(_GovernedLoop):
         loss_sum = float(tf.add_n(loss_sums)) if loss_sums else 0.0
         status = WorkerStatus(
             gave_up=self._gave_up is not None, loss_sum=loss_sum, examples=sum(sizes),
-            oom_events=tuple((event.micro_batch, event.micro_batch) for event in ooms), oom_count=len(ooms),
+            oom_events=tuple(event.micro_batch for event in ooms), oom_count=len(ooms),
             observation=observation,
         )
         statuses = self.workers.exchange(status)
@@ -93,7 +93,7 @@ class WorkerLoop(_GovernedLoop):
         if not self.workers.lockstep:
             return self.governor.observe(observation)
         for status in shared:  # every worker's OOMs, in worker order, on every worker
-            for micro_batch, _ in status.oom_events:
+            for micro_batch in status.oom_events:
                 self.governor.on_oom(micro_batch)
         merged = dataclasses.replace(merge_observations([status.observation for status in shared]), oom=False)
         if any(status.oom_count for status in shared):

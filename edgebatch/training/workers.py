@@ -94,7 +94,7 @@ class WorkerStatus:
     gave_up: bool
     loss_sum: float
     examples: int
-    oom_events: tuple[tuple[int, int], ...]  # (micro_batch, running_micro_batch), oldest first
+    oom_events: tuple[int, ...]  # the micro-batch sizes that ran out of memory, oldest first
     oom_count: int
     observation: Observation
 
@@ -102,8 +102,8 @@ class WorkerStatus:
 def encode_status(status: WorkerStatus) -> np.ndarray:
     """A fixed-length float64 vector (NaN for None): what the all-gather carries."""
     head = [float(status.gave_up), status.loss_sum, float(status.examples), float(status.oom_count)]
-    events = list(status.oom_events[-MAX_OOM_EVENTS:])
-    slots = [value for event in events for value in event] + [math.nan] * (2 * (MAX_OOM_EVENTS - len(events)))
+    events = [float(size) for size in status.oom_events[-MAX_OOM_EVENTS:]]
+    slots = events + [math.nan] * (MAX_OOM_EVENTS - len(events))
     obs = status.observation
     fields = []
     for name in _OBSERVATION_FIELDS:
@@ -117,9 +117,9 @@ def encode_status(status: WorkerStatus) -> np.ndarray:
 def decode_status(vector: np.ndarray) -> WorkerStatus:
     values = [float(v) for v in vector]
     gave_up, loss_sum, examples, oom_count = values[:_HEAD]
-    slots = values[_HEAD : _HEAD + 2 * MAX_OOM_EVENTS]
-    events = tuple((int(slots[i]), int(slots[i + 1])) for i in range(0, len(slots), 2) if not math.isnan(slots[i]))
-    raw = dict(zip(_OBSERVATION_FIELDS, values[_HEAD + 2 * MAX_OOM_EVENTS :]))
+    slots = values[_HEAD : _HEAD + MAX_OOM_EVENTS]
+    events = tuple(int(size) for size in slots if not math.isnan(size))
+    raw = dict(zip(_OBSERVATION_FIELDS, values[_HEAD + MAX_OOM_EVENTS :]))
     fields: dict[str, Any] = {}
     for name, value in raw.items():
         if math.isnan(value):
@@ -135,7 +135,7 @@ def decode_status(vector: np.ndarray) -> WorkerStatus:
 
 
 def status_length() -> int:
-    return _HEAD + 2 * MAX_OOM_EVENTS + len(_OBSERVATION_FIELDS)
+    return _HEAD + MAX_OOM_EVENTS + len(_OBSERVATION_FIELDS)
 
 
 def _load(observation: Observation) -> float:
