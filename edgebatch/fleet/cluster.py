@@ -71,7 +71,7 @@ def fleet_probe(
     from edgebatch.profiles import resolve_profiles_dir
 
     collection = resolve_profiles_dir(profiles_dir)
-    ray = _connect(address)
+    ray = connect(address)
     targets = targets_from_ray_nodes(ray.nodes())
     runnable = [target for target in targets if target.cpus > 0 or target.gpus > 0]
     for target in targets:
@@ -89,12 +89,14 @@ def fleet_probe(
     return results
 
 
-def _connect(address: str):
+def connect(address: str, needs: str = "a fleet probe"):
+    """The `ray` module, connected to the cluster at `address` (fleet_probe's `address`); FleetError
+    when Ray is missing or nothing answers there. `needs` names the caller in the error."""
     try:
         import ray
     except ImportError as error:
         raise FleetError(
-            "a fleet probe needs Ray, which is not installed: pip install 'edgebatch[fleet]'"
+            f"{needs} needs Ray, which is not installed: pip install 'edgebatch[fleet]'"
         ) from error
     if ray.is_initialized():
         return ray

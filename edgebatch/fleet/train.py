@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from edgebatch.errors import UsageError
-from edgebatch.fleet.cluster import FleetError, address_problem
+from edgebatch.fleet.cluster import FleetError, connect
 
 __all__ = ["plan_share", "train_on_ray"]
 
@@ -90,25 +90,20 @@ def train_on_ray(
 ) -> Any:
     """Run `train_loop(config)` on `num_workers` Ray Train workers under TF_CONFIG; Ray Train's Result.
 
-    `address`: "local" (a one-node Ray started here), "auto" or "HOST:PORT" (checked with a TCP
-    connect first, fleet/cluster.py). `resources_per_worker`: e.g. {"CPU": 8} to place one worker
+    `address`: "local" (a one-node Ray started here), "auto" or "HOST:PORT" (connected as a fleet
+    probe connects: fleet/cluster.py `connect`, which checks the port first). `resources_per_worker`: e.g. {"CPU": 8} to place one worker
     per node; default one CPU (or one GPU with `use_gpu`).
     """
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise UsageError(f"num_workers must be an integer >= 1, got {num_workers!r}")
     if not callable(train_loop):
         raise UsageError(f"train_loop must be a function of one argument (the config), got {train_loop!r}")
+    connect(address, needs="training on Ray")
     try:
-        import ray
         from ray.train import RunConfig, ScalingConfig
         from ray.train.tensorflow import TensorflowTrainer
     except ImportError as error:
         raise FleetError(f"training on Ray needs Ray Train ({error}): pip install 'edgebatch[fleet]'") from error
-    if not ray.is_initialized():
-        problem = address_problem(address)
-        if problem is not None:
-            raise FleetError(problem)
-        ray.init(address=None if address == "local" else address, logging_level="WARNING", include_dashboard=False)
     trainer = TensorflowTrainer(
         train_loop,
         train_loop_config=dict(config or {}),
