@@ -98,7 +98,7 @@ class AdaptConfig:
     x0.5 down. The seed's direction rule (mean cosine > 0.8 grows, < 0.3 shrinks) is OFF by
     default (None): between consecutive small-batch updates the cosine sits near 0-0.3 because
     noise dominates, so the rule shrinks the batch, which lowers the cosine further, down to
-    min_effective_batch_samples (seen on digits: 16 -> 1 in 6 checks; BENCHMARKS.md section 7).
+    min_effective_batch_samples (every seed-rules run in BENCHMARKS.md section 7 ends at batch 1).
     Noise-scale theory says the opposite (low agreement: below the noise scale: grow), which the
     noise trigger already does. `AdaptConfig.seed_rules()` turns the seed's rules back on to
     reproduce it.

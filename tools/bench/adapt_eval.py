@@ -119,7 +119,7 @@ def run_one(task: dict, method: str, seed: int, epochs: int) -> dict:
     model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(HIDDEN_UNITS, activation="relu"),
                               keras.layers.Dense(task["classes"])])
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    x_val, y_val = tf.constant(task["x_val"]), tf.constant(task["y_val"])
+    x_val = tf.constant(task["x_val"])
     predict = tf.function(lambda x: tf.argmax(model(x, training=False), axis=-1))
     curve: list[tuple[int, float, float]] = []  # (update, training seconds so far, validation accuracy)
     clock = {"seconds": 0.0, "updates": 0}
