@@ -40,14 +40,16 @@ def masked_model():
     return keras.Model(inputs, keras.layers.Dense(CLASSES, kernel_initializer=init)(pooled))
 
 
-def plain_loop(tokens, labels):
-    """One Adam step per consecutive update, the update padded to its own longest sequence."""
+def plain_loop(tokens, labels, update_sizes=None):
+    """One Adam step per consecutive update (EFFECTIVE examples each, or `update_sizes`), the update
+    padded to its own longest sequence."""
     model, optimizer = masked_model(), keras.optimizers.Adam(0.01)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    for start in range(0, len(tokens), EFFECTIVE):
-        x = pad_rows(np.array(tokens[start : start + EFFECTIVE] + [None], dtype=object)[:-1])
+    sizes = update_sizes or [EFFECTIVE] * -(-len(tokens) // EFFECTIVE)
+    for start, size in zip(np.cumsum([0, *sizes[:-1]]), sizes):
+        x = pad_rows(np.array(tokens[start : start + size] + [None], dtype=object)[:-1])
         with tf.GradientTape() as tape:
-            value = loss(labels[start : start + EFFECTIVE], model(x, training=True))
+            value = loss(labels[start : start + size], model(x, training=True))
         # Dense gradients, as fit's accumulators hold them: Keras 3's Adam treats an Embedding's
         # IndexedSlices with repeated ids differently from their dense sum (measured: 0.0097 apart
         # after one update of this model).
@@ -93,3 +95,98 @@ def test_two_ragged_axes_are_a_one_line_usage_error():
         fit(spec_model, data, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             optimizer=keras.optimizers.SGD(0.1), effective_batch=2)
     assert "\n" not in str(error.value)
+
+
+LENGTH_CEILINGS = {8: 6, 16: 3, 32: 2}
+
+
+@pytest.mark.parametrize("failures", [[], [1, 4]])
+def test_pieces_cut_by_length_ceilings_equal_the_plain_padded_loop(failures):
+    """Short examples run in larger pieces than long ones, none above its length's ceiling or the
+    governor's share of it; the weights equal the plain loop's, OOMs injected or not."""
+    from edgebatch.training import LengthCeilings
+
+    tokens, labels = sequences()
+    ceilings = LengthCeilings.from_mapping(LENGTH_CEILINGS)
+    model = masked_model()
+    with inject_oom(failures):
+        report = fit(model, dataset(tokens, labels), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                     optimizer=keras.optimizers.Adam(0.01), effective_batch=EFFECTIVE, length_ceilings=LENGTH_CEILINGS)
+    assert report.examples_seen == 40 and len(report.oom_events) == len(failures)
+    governor_micro_batch = 6  # the ceiling at the shortest probed length (8 tokens): the default governor's
+    for record in report.updates:
+        assert sum(record.micro_batches) == record.examples
+        assert len(record.piece_lengths) == len(record.micro_batches)
+        for size, length in zip(record.micro_batches, record.piece_lengths):
+            assert size <= ceilings.piece_limit(governor_micro_batch, length, 6) <= ceilings.ceiling_at(length)
+        governor_micro_batch = record.next_micro_batch
+    pieces = [(size, length) for record in report.updates for size, length in zip(record.micro_batches, record.piece_lengths)]
+    assert any(size > 2 for size, _ in pieces)  # short examples: more than the 2 long ones may hold
+    assert all(size <= 2 for size, length in pieces if length > 16)
+    if failures:
+        assert report.oom_events[0].next_micro_batch < 6
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), plain_loop(tokens, labels)))
+    assert diff < 1e-5
+
+
+def test_length_ceilings_usage_errors_are_one_line():
+    tokens, labels = sequences(count=8)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    fixed = tf.data.Dataset.from_tensor_slices((np.ones((8, 5), "int32"), labels))
+    cases = [
+        (fixed, LENGTH_CEILINGS, {}, "fixed shapes"),
+        (dataset(tokens, labels), LENGTH_CEILINGS, {"adapt": object()}, "adapt"),
+        (dataset(tokens, labels), [64, 10], {}, "must be a LengthCeilings"),
+        (dataset(tokens, labels), {64: 0}, {}, "integer >= 1"),
+    ]
+    for data, ceilings, extra, words in cases:
+        with pytest.raises(UsageError) as error:
+            fit(masked_model(), data, loss=loss, optimizer=keras.optimizers.SGD(0.1), effective_batch=EFFECTIVE,
+                length_ceilings=ceilings, **extra)
+        assert words in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+def token_updates(tokens, budget):
+    """Update sizes by the token rule: the fewest consecutive examples reaching `budget` real tokens."""
+    sizes, count, total = [], 0, 0
+    for row in tokens:
+        count, total = count + 1, total + len(row)
+        if total >= budget:
+            sizes, count, total = sizes + [count], 0, 0
+    return sizes + ([count] if count else [])
+
+
+def test_an_effective_batch_in_tokens_takes_examples_until_their_real_tokens_reach_it():
+    tokens, labels = sequences()
+    budget = 120  # tokens per update; examples are 1-29 tokens long
+    expected_sizes = token_updates(tokens, budget)
+    model = masked_model()
+    with inject_oom([2]):
+        report = fit(model, dataset(tokens, labels), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                     optimizer=keras.optimizers.Adam(0.01), effective_batch=budget, batch_unit="tokens",
+                     length_ceilings=LENGTH_CEILINGS)
+    assert [record.examples for record in report.updates] == expected_sizes
+    assert len(set(expected_sizes)) > 1  # updates of short examples hold more of them
+    assert all(record.tokens >= budget for record in report.updates[:-1])
+    assert sum(record.tokens for record in report.updates) == sum(len(row) for row in tokens)
+    assert report.examples_seen == 40 and len(report.oom_events) == 1
+    diff = max(float(np.max(np.abs(a - b)))
+               for a, b in zip(model.get_weights(), plain_loop(tokens, labels, expected_sizes)))
+    assert diff < 1e-5
+
+
+def test_batch_unit_usage_errors_are_one_line():
+    tokens, labels = sequences(count=8)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    fixed = tf.data.Dataset.from_tensor_slices((np.ones((8, 5), "int32"), labels))
+    elastic = Governor(GovernorConfig(ceiling_batch=4, effective_batch=32, mode="elastic"))
+    cases = [
+        (fixed, "tokens", {}, "fixed shapes"),
+        (dataset(tokens, labels), "words", {}, "batch_unit must be one of"),
+        (dataset(tokens, labels), "tokens", {"governor": elastic}, "mode 'fixed'"),
+    ]
+    for data, unit, extra, words in cases:
+        with pytest.raises(UsageError) as error:
+            fit(masked_model(), data, loss=loss, optimizer=keras.optimizers.SGD(0.1), effective_batch=32,
+                batch_unit=unit, **extra)
+        assert words in str(error.value) and "\n" not in str(error.value), str(error.value)

@@ -2,6 +2,8 @@
 
 - `fit(model, dataset, loss=..., optimizer=..., effective_batch=...)`: a custom loop (loop.py) with
   OOM retry in place, checkpoint/resume, TensorBoard and JSONL logs; returns a `FitReport`.
+  `LengthCeilings` (length_ceilings.py): micro-batch ceilings by sequence length, for fit's
+  `length_ceilings` (from a probe per length's profile).
 - `inject_oom([2, 5])` / env `EDGEBATCH_INJECT_OOM=2,5`: make chosen micro-batches fail (tests).
 - `supervise(["python", "train.py"], checkpoint_dir=...)` (supervisor.py): run training in a child and
   restart it from its last checkpoint when it is killed (SIGKILL, SIGABRT); `edgebatch supervise`.
@@ -15,6 +17,7 @@ Importing this package does not import TensorFlow.
 from typing import Any
 
 from edgebatch.training.injection import ENV_INJECT_OOM, inject_oom, parse_oom_indices
+from edgebatch.training.length_ceilings import LengthCeilings
 from edgebatch.training.loop import fit
 from edgebatch.training.records import FitReport, OomEvent, Progress, UpdateRecord
 from edgebatch.training.restart_policy import SupervisorReport
@@ -24,6 +27,7 @@ __all__ = [
     "ENV_INJECT_OOM",
     "FitReport",
     "GovernorCallback",
+    "LengthCeilings",
     "MicroBatchController",
     "OomEvent",
     "Progress",

@@ -225,6 +225,24 @@ class ExampleBuffer:
         """True when no example is left in this epoch (reads ahead one chunk to find out)."""
         return self._buffered == 0 and not self._read_chunk()
 
+    def take_tokens(self, tokens: int) -> tuple[list[Any], int] | None:
+        """Like `take`, for the fewest next examples whose lengths (sequences.example_lengths) sum to
+        at least `tokens` (at least one example; fewer tokens at the epoch end); None at the end."""
+        import numpy as np
+
+        from edgebatch.training.sequences import example_lengths
+
+        def lengths() -> list[int]:
+            return [n for chunk in self._chunks for n in (example_lengths(chunk) or [])]
+
+        while sum(lengths()) < tokens and self._read_chunk():
+            pass
+        if self._buffered == 0:
+            return None
+        reached = np.cumsum(lengths()) >= tokens
+        count = int(np.argmax(reached)) + 1 if reached.any() else self._buffered
+        return self.take(count)
+
     def take(self, count: int) -> tuple[list[Any], int] | None:
         """(flat arrays of the next `count` examples or fewer, their number); None at the epoch end."""
         import numpy as np

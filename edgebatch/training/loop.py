@@ -152,6 +152,8 @@ def fit(
     batch_norm: str = "allow",
     adapt: Any = None,
     worker_shares: Any = None,
+    length_ceilings: Any = None,
+    batch_unit: str = "examples",
 ) -> FitReport:
     """Train `model` on `dataset` with governor-sized micro-batches and gradient accumulation.
 
@@ -191,6 +193,17 @@ def fit(
     docstring, "Adaptive batch"): `effective_batch` is then where it starts, and the policy moves
     it from the gradient statistics; the governor (mode "fixed") still bounds every micro-batch.
     The optimizer's base learning rate is put back when fit returns (elastic mode scales it).
+    `length_ceilings`: for examples of variable length (a token axis of unknown size), the ceiling at
+    each sequence length: an edgebatch.training.LengthCeilings, a probe per length's DeviceProfile
+    (each length's safe_batch), or {tokens: ceiling}. Pieces are then cut by length
+    (length_ceilings.py): the probed lengths are the buckets, and each piece holds the governor's
+    share (its micro-batch over the largest it may decide) of its bucket's ceiling: every length's
+    whole ceiling without pressure, less under it. Not with adapt, a strategy, or fixed-length data.
+    `batch_unit`: "examples" (default) or "tokens": with "tokens" (variable-length data only) each
+    update takes consecutive examples until their real tokens (unpadded lengths) reach
+    `effective_batch`, so updates of short examples hold more of them; the governor must be in
+    mode "fixed", and adapt and strategies are refused. The loss is the mean over the update's
+    examples either way, so accumulation stays exact.
     TensorBoard scalars go to `log_dir`, one JSON line per update to `decision_log`
     (observability.py). Returns a FitReport of this call.
     """
@@ -205,13 +218,16 @@ def fit(
     if multi_worker and checkpoint_dir is not None:
         raise UsageError("checkpoint_dir is not supported under MultiWorkerMirroredStrategy yet: drop it")
     dataset, element_spec, unbatched = prepare_dataset(dataset, model)
+    length_ceilings = _check_length_ceilings(length_ceilings, element_spec, adapt, strategy)
+    _check_batch_unit(batch_unit, element_spec, adapt, strategy)
     if checkpoint_dir is not None:
         refuse_unreplayable_order(dataset)
     normalizers = _check_batch_norm(model, batch_norm)
     if governor is None and replicas > 1 and not multi_worker:
         governor = Governor(mirrored_governor_config(effective_batch, replicas))
     elif governor is None:
-        governor = Governor(GovernorConfig(ceiling_batch=effective_batch, effective_batch=effective_batch))
+        ceiling = effective_batch if length_ceilings is None else length_ceilings.reference_ceiling
+        governor = Governor(GovernorConfig(ceiling_batch=ceiling, effective_batch=effective_batch))
     elif not isinstance(governor, Governor):
         raise UsageError(f"governor must be an edgebatch.governor.Governor, got {governor!r}")
     elif adapt is not None and governor.config.effective_batch < effective_batch:
@@ -224,6 +240,8 @@ def fit(
             f"effective_batch {effective_batch!r} differs from the governor's "
             f"config.effective_batch {governor.config.effective_batch!r}: build the governor for the same batch"
         )
+    if batch_unit == "tokens" and governor.config.mode != "fixed":
+        raise UsageError("batch_unit='tokens' needs a governor in mode 'fixed': an elastic effective batch counts examples")
     problem = None if multi_worker else check_governor_for_replicas(governor.config, replicas)
     if problem is not None:
         raise UsageError(problem)
@@ -252,6 +270,7 @@ def fit(
             run_log=RunLog(log_dir, decision_log), callbacks=_callback_list(model, callbacks, epochs),
             fixed_micro_batch=batch_norm == "fixed_micro_batch", strategy=strategy,
             adaptive=None if adapt is None else _adaptive_batch(adapt, effective_batch),
+            length_ceilings=length_ceilings, count_tokens=batch_unit == "tokens",
         )
         loop.report.batch_norm_layers = normalizers
         loop.report.batch_norm = batch_norm
@@ -262,12 +281,70 @@ def fit(
         return loop.run()
 
 
+def _real_tokens(flat_examples: list) -> int | None:
+    """The unpadded tokens of an update's variable-length examples; None for fixed-length ones."""
+    from edgebatch.training.sequences import example_lengths
+
+    lengths = example_lengths(flat_examples)
+    return None if lengths is None else sum(lengths)
+
+
 def _by_length(flat_examples: list) -> list:
     """Variable-length examples of one update in order of length (sequences.py); others as they are."""
     from edgebatch.training.sequences import length_order
 
     order = length_order(flat_examples)
     return flat_examples if order is None else [array[order] for array in flat_examples]
+
+
+def _check_length_ceilings(length_ceilings: Any, element_spec: Any, adapt: Any, strategy: Any) -> Any:
+    """fit's `length_ceilings` as a LengthCeilings (None stays None); UsageError where it cannot apply."""
+    if length_ceilings is None:
+        return None
+    import tensorflow as tf
+
+    from edgebatch.training.length_ceilings import LengthCeilings
+    from edgebatch.training.sequences import is_variable
+
+    if isinstance(length_ceilings, dict):
+        length_ceilings = LengthCeilings.from_mapping(length_ceilings)
+    elif not isinstance(length_ceilings, LengthCeilings):
+        if not hasattr(length_ceilings, "per_length"):
+            raise UsageError(
+                f"length_ceilings must be a LengthCeilings, a DeviceProfile of a probe per length, or "
+                f"{{tokens: ceiling}}, got {type(length_ceilings).__name__}"
+            )
+        length_ceilings = LengthCeilings.from_profile(length_ceilings)
+    if not any(is_variable(leaf) for leaf in tf.nest.flatten(element_spec[0])):
+        raise UsageError(
+            "length_ceilings applies to examples of variable length (an input of shape (None,)); "
+            "these examples have fixed shapes: leave length_ceilings out"
+        )
+    if adapt is not None or strategy is not None:
+        which = "adapt" if adapt is not None else "a tf.distribute strategy"
+        raise UsageError(f"length_ceilings cannot be combined with {which} yet: drop one of them")
+    return length_ceilings
+
+
+BATCH_UNITS = ("examples", "tokens")
+
+
+def _check_batch_unit(batch_unit: Any, element_spec: Any, adapt: Any, strategy: Any) -> None:
+    """UsageError for a batch_unit fit cannot count in (module docstring of sequences.py)."""
+    if batch_unit not in BATCH_UNITS:
+        raise UsageError(f"batch_unit must be one of {', '.join(BATCH_UNITS)}, got {batch_unit!r}")
+    if batch_unit == "examples":
+        return
+    import tensorflow as tf
+
+    from edgebatch.training.sequences import is_variable
+
+    if not any(is_variable(leaf) for leaf in tf.nest.flatten(element_spec[0])):
+        raise UsageError("batch_unit='tokens' applies to examples of variable length (an input of shape (None,)); "
+                         "these have fixed shapes: count in examples")
+    if adapt is not None or strategy is not None:
+        which = "adapt" if adapt is not None else "a tf.distribute strategy"
+        raise UsageError(f"batch_unit='tokens' cannot be combined with {which} yet: count in examples")
 
 
 def _adaptive_batch(adapt: Any, effective_batch: int) -> Any:
@@ -407,7 +484,8 @@ class _GovernedLoop:
 
     def __init__(self, *, model, dataset, element_spec, loss, optimizer, governor, epochs, checkpoint_dir,
                  checkpoint_every_updates, max_checkpoints_to_keep, pressure_reader, max_updates, on_update,
-                 run_log, callbacks, fixed_micro_batch, strategy=None, adaptive=None) -> None:
+                 run_log, callbacks, fixed_micro_batch, strategy=None, adaptive=None, length_ceilings=None,
+                 count_tokens=False) -> None:
         self.model = model
         self.dataset = dataset
         self.element_spec = element_spec
@@ -424,6 +502,9 @@ class _GovernedLoop:
         self.epoch_examples = 0
         self.batch_in_epoch = 0
         self.adaptive = adaptive
+        self.length_ceilings = length_ceilings
+        self.count_tokens = count_tokens
+        self.lengths: list[int] | None = None  # the current update's example lengths, in its order
         self.optimizer = optimizer
         self.pruning = PruningSteps(model)
         self.chunk_examples = max(1, min(MAX_READ_CHUNK_EXAMPLES, governor.config.effective_batch))
@@ -550,8 +631,13 @@ class _GovernedLoop:
         adaptive = self.adaptive
         wanted = decision.effective_batch if adaptive is None else adaptive.effective_batch_samples
         lr_scale = decision.lr_scale if adaptive is None else adaptive.lr_scale()
-        flat_examples, examples = buffer.take(wanted)
+        flat_examples, examples = buffer.take_tokens(wanted) if self.count_tokens else buffer.take(wanted)
+        tokens = _real_tokens(flat_examples)
         flat_examples = _by_length(flat_examples)
+        if self.length_ceilings is not None:
+            from edgebatch.training.sequences import example_lengths
+
+            self.lengths = example_lengths(flat_examples)
         # The wait for examples (this take, and the read-ahead since the last update) is not step
         # time: a slow input pipeline must not look like memory pressure to the governor.
         input_seconds = buffer.pop_read_seconds()
@@ -580,6 +666,8 @@ class _GovernedLoop:
         # governor compares step times at one micro-batch size, so it gets the time per piece.
         governed_seconds = step_seconds if adaptive is None else step_seconds * max(sizes) / examples
         largest = max(sizes, default=None)  # None: a worker with no share of this update
+        if self.length_ceilings is not None and sizes:
+            largest = self.running_micro_batch  # pieces by length: the governor's units
         observation = dataclasses.replace(
             observation, oom=False, step_seconds=None if ooms else governed_seconds, micro_batch=largest
         )
@@ -605,7 +693,8 @@ class _GovernedLoop:
         )
         record = UpdateRecord(
             update=self.progress.updates, epoch=self.progress.epoch, examples=examples,
-            micro_batches=tuple(sizes), effective_batch=wanted, loss=loss_mean,
+            micro_batches=tuple(sizes), piece_lengths=self._piece_lengths(sizes), tokens=tokens,
+            effective_batch=wanted, loss=loss_mean,
             pressure=observation.pressure, seconds=seconds,
             samples_per_second=examples / seconds if seconds > 0 else float("inf"),
             oom_events=len(ooms), changed=after.changed, reason=after.reason,
@@ -637,9 +726,10 @@ class _GovernedLoop:
             self.pruning.begin_update()
         start, count = self._piece_range(examples)
         governor = self._oom_governor()
-        pending = split_micro_batches(count, self._split_size(governor.decision.micro_batch)) if count else []
+        running = self._split_size(governor.decision.micro_batch)
+        pending = self._pieces(start, count, running) if count else []
         if pending:
-            self._note_running(pending)
+            self._note_running(pending, running)
         offset, sizes, loss_sums, ooms = start, [], [], []
         piece_sq_norms, per_example = [], []
         while pending:
@@ -666,7 +756,7 @@ class _GovernedLoop:
             except (tf.errors.ResourceExhaustedError, MemoryError) as exc:
                 # MemoryError: Python's own allocation failed (seen under an address-space cap
                 # while tracing, tools/bench); an out-of-memory all the same.
-                decision = governor.on_oom(size)
+                decision = self._tell_oom(governor, offset, size, running)
                 event = OomEvent(
                     update=self.progress.updates + 1, epoch=self.progress.epoch, micro_batch=size,
                     example_offset=offset, next_micro_batch=decision.micro_batch,
@@ -679,13 +769,48 @@ class _GovernedLoop:
                     self._give_up(event, exc)  # raises, unless a worker group decides together
                     break
                 # Re-split from the failed piece on: its examples run again, in smaller pieces.
-                pending = split_micro_batches(start + count - offset, self._split_size(decision.micro_batch))
-                self._note_running(pending)
+                running = self._split_size(decision.micro_batch)
+                pending = self._pieces(offset, start + count - offset, running)
+                self._note_running(pending, running)
                 continue
             sizes.append(size)
             offset += size
             pending.pop(0)
+        self.running_micro_batch = running
         return sizes, loss_sums, ooms, (piece_sq_norms, per_example)
+
+    def _pieces(self, offset: int, count: int, micro_batch: int) -> list[int]:
+        """Sizes of the pieces for examples [offset, offset + count) of the update: the governor's
+        micro-batch each, or with length ceilings as each piece's lengths allow (length_ceilings.py)."""
+        if self.length_ceilings is None or self.lengths is None:
+            return split_micro_batches(count, micro_batch)
+        return self.length_ceilings.split(self.lengths[offset : offset + count], micro_batch, self._upper())
+
+    def _piece_lengths(self, sizes: list[int]) -> tuple[int, ...] | None:
+        """The longest example (tokens) of each piece that ran, with length ceilings; else None."""
+        if self.length_ceilings is None or self.lengths is None:
+            return None
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        return tuple(self._piece_length(offset, size) for offset, size in zip(offsets, sizes))
+
+    def _piece_length(self, offset: int, size: int) -> int | None:
+        """The longest example (tokens) of the piece at `offset`; None without length ceilings."""
+        if self.length_ceilings is None or self.lengths is None:
+            return None
+        return max(self.lengths[offset : offset + size])
+
+    def _tell_oom(self, governor: Governor, offset: int, size: int, running: int) -> Any:
+        """The governor's decision after the piece at `offset` ran out of memory, in its own units."""
+        length = self._piece_length(offset, size)
+        if length is None:
+            return governor.on_oom(size)
+        units = self.length_ceilings.governor_size(size, length, running, self._upper())
+        return governor.on_oom(units, running_micro_batch=running)
+
+    def _upper(self) -> int:
+        """The largest micro-batch the governor may decide: its decisions over this are its share."""
+        config = self.governor.config
+        return max(1, min(config.ceiling_batch, config.effective_batch))
 
     def _piece_range(self, examples: int) -> tuple[int, int]:
         """(first example, count) of the update that this process trains on: all of it here."""
@@ -710,10 +835,11 @@ class _GovernedLoop:
     def _governor_observe(self, observation: Observation, shared: Any) -> Any:
         return self.governor.observe(observation)
 
-    def _note_running(self, pending: list[int]) -> None:
-        """Record the split's largest piece before it runs, for a supervisor to read after a kill."""
+    def _note_running(self, pending: list[int], running: int) -> None:
+        """Record the split's largest piece before it runs, for a supervisor to read after a kill
+        (with length ceilings the governor's micro-batch: pieces are counted in its units there)."""
         if self.marker is not None:
-            self.marker.note(max(pending))
+            self.marker.note(running if self.length_ceilings is not None else max(pending))
 
     def _give_up(self, event: OomEvent, exc: Exception) -> None:
         """The smallest micro-batch ran out of memory: save what is done and stop with TrainingError."""

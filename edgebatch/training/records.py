@@ -49,8 +49,9 @@ class UpdateRecord:
     """One optimizer update.
 
     `micro_batches`: the sizes that ran successfully, in order (they sum to `examples`; an OOM'd
-    attempt is in `oom_events`, not here). `effective_batch` is what the governor asked for; the
-    update consumed `examples` (fewer only at the end of an epoch). `loss` is the mean per-example
+    attempt is in `oom_events`, not here). `effective_batch` is what the governor asked for (in
+    tokens with fit's batch_unit="tokens"); the update consumed `examples` (fewer only at the end of
+    an epoch; with tokens, as many as it took to reach them). `loss` is the mean per-example
     loss over the update (regularization losses excluded). `pressure` is the memory reading taken
     after the update (None when the reader was rate-limited or absent). `changed`/`reason`/
     `next_micro_batch`/`next_effective_batch`/`lr_scale` describe the governor's decision made on
@@ -80,6 +81,10 @@ class UpdateRecord:
     step_seconds: float = 0.0
     input_seconds: float = 0.0
     adapt: dict[str, Any] | None = None
+    # With fit's length_ceilings: the longest example (tokens) of each piece in micro_batches.
+    piece_lengths: tuple[int, ...] | None = None
+    # Variable-length examples: the update's real (unpadded) tokens; None for fixed-length ones.
+    tokens: int | None = None
 
     @property
     def accumulation_steps(self) -> int:
@@ -94,6 +99,7 @@ class UpdateRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["micro_batches"] = list(self.micro_batches)
+        data["piece_lengths"] = None if self.piece_lengths is None else list(self.piece_lengths)
         data["adapt"] = None if self.adapt is None else dict(self.adapt)
         data["accumulation_steps"] = self.accumulation_steps
         return data

@@ -13,6 +13,10 @@ ignores padded positions: token id 0 masked, as in the zoo's transformer_tiny an
 logits move by under 1e-5 with padding (tests/test_text_models.py). A model that reads its padding
 is the caller's to fix. The loss is the mean over examples, each example's loss being the model's
 over its real tokens. Numpy only.
+
+With fit's `length_ceilings` the pieces follow the lengths (length_ceilings.py), and with
+`batch_unit="tokens"` an update takes examples until their lengths (`example_lengths`) reach the
+effective batch (data.ExampleBuffer.take_tokens).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["is_variable", "length_order", "pad_rows", "ragged_rows"]
+__all__ = ["example_lengths", "is_variable", "length_order", "pad_rows", "ragged_rows"]
 
 
 def is_variable(spec: Any) -> bool:
@@ -45,6 +49,15 @@ def pad_rows(rows: np.ndarray) -> np.ndarray:
     for i, row in enumerate(rows):
         padded[i, : len(row)] = row
     return padded
+
+
+def example_lengths(flat_arrays: list[np.ndarray]) -> list[int] | None:
+    """Each example's length (of the first variable component, as `length_order` sorts by), or None
+    when no component is variable-length."""
+    for array in flat_arrays:
+        if array.dtype == object:
+            return [len(row) for row in array]
+    return None
 
 
 def length_order(flat_arrays: list[np.ndarray]) -> np.ndarray | None:
