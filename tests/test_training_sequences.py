@@ -190,3 +190,21 @@ def test_batch_unit_usage_errors_are_one_line():
             fit(masked_model(), data, loss=loss, optimizer=keras.optimizers.SGD(0.1), effective_batch=32,
                 batch_unit=unit, **extra)
         assert words in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+def test_token_labelled_examples_are_not_taken_for_batches_when_the_model_has_no_input_shapes():
+    """Per-token labels: every component has an unknown first axis, as a batch has. A model without
+    input shapes (subclassed, unbuilt) cannot tell them apart; the pipeline can."""
+    from edgebatch.training.data import batched_by_structure, prepare_dataset
+
+    tokens, _ = sequences(count=6)
+    pairs = tf.data.Dataset.from_generator(lambda: ((t, t % CLASSES) for t in tokens), output_signature=(
+        tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32)))
+    no_shapes = object()  # what _model_input_ranks makes of a model without inputs
+    for data, batched in [(pairs, False), (pairs.map(lambda x, y: (x, y)).prefetch(2), False),
+                          (pairs.padded_batch(3), True), (pairs.padded_batch(3).prefetch(1), True),
+                          (pairs.padded_batch(3).unbatch(), False)]:
+        assert batched_by_structure(data) is batched
+        _, _, unbatched = prepare_dataset(data, no_shapes)
+        assert unbatched is batched
+    assert batched_by_structure(tf.data.Dataset.zip((pairs, pairs))) is None  # the shapes decide there

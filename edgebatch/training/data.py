@@ -39,7 +39,41 @@ def _model_input_ranks(model: Any) -> list[int] | None:
     return [len(shape) for shape in ranks]
 
 
-def _looks_batched(spec: Any, model: Any) -> bool:
+# Datasets that keep their input's batching: looking through them finds the op that made it.
+_KEEPS_BATCHING = {
+    "_CacheDataset", "_FilterDataset", "_MapDataset", "_OptionsDataset", "_ParallelMapDataset", "_PrefetchDataset",
+    "_RepeatDataset", "_ShuffleDataset", "_SkipDataset", "_TakeDataset", "_AssertCardinalityDataset",
+}
+
+
+def batched_by_structure(dataset: Any) -> bool | None:
+    """Whether the pipeline's last batching step batches (True) or unbatches (False); False for a
+    source read as it is (from_tensor_slices, from_generator, ...); None when a step in between may
+    change the structure (zip, interleave, window, ...) and the shapes must decide."""
+    current = dataset
+    while True:
+        name = type(current).__name__
+        if "Unbatch" in name:
+            return False
+        if "Batch" in name:  # batch, padded_batch, ragged_batch, parallel batch
+            return True
+        inputs = current._inputs() if callable(getattr(current, "_inputs", None)) else None
+        if inputs == [] or _is_from_generator(current):
+            return False
+        if name not in _KEEPS_BATCHING or not inputs or len(inputs) != 1:
+            return None
+        current = inputs[0]
+
+
+def _is_from_generator(dataset: Any) -> bool:
+    """Dataset.from_generator: a flat_map over one tensor whose function builds a GeneratorDataset."""
+    if type(dataset).__name__ != "_FlatMapDataset":
+        return False
+    graph = getattr(getattr(getattr(dataset, "_map_func", None), "function", None), "graph", None)
+    return graph is not None and any(op.type == "GeneratorDataset" for op in graph.get_operations())
+
+
+def _looks_batched(spec: Any, model: Any, dataset: Any = None) -> bool:
     import tensorflow as tf
 
     x_leaves = [leaf for leaf in tf.nest.flatten(spec[0]) if isinstance(leaf, tf.TensorSpec)]
@@ -47,9 +81,14 @@ def _looks_batched(spec: Any, model: Any) -> bool:
     if ranks is not None and len(ranks) == len(x_leaves) and all(leaf.shape.rank is not None for leaf in x_leaves):
         # The model's input rank counts the batch axis: an element of that rank is a batch.
         return all(leaf.shape.rank == rank for leaf, rank in zip(x_leaves, ranks))
-    # Without input shapes: a batched dataset's components all start with an unknown (batch)
-    # dimension, and examples that share one size cannot all have an unknown first axis unless
-    # they are variable-length, which cannot be stacked either.
+    # Without input shapes, the pipeline says it where it can: variable-length examples (token
+    # sequences with per-token labels) have an unknown first axis in every component, as a batch does.
+    structure = None if dataset is None else batched_by_structure(dataset)
+    if structure is not None:
+        return structure
+    # Otherwise: a batched dataset's components all start with an unknown (batch) dimension, and
+    # examples that share one size cannot all have an unknown first axis unless they are
+    # variable-length, which cannot be stacked either.
     leaves = tf.nest.flatten(spec)
     return all(leaf.shape.rank and leaf.shape[0] is None for leaf in leaves)
 
@@ -61,7 +100,7 @@ def prepare_dataset(dataset: Any, model: Any) -> tuple[Any, Any, bool]:
     had do not matter (an update takes `effective_batch` consecutive examples).
     """
     spec = check_element_spec(dataset)
-    if not _looks_batched(spec, model):
+    if not _looks_batched(spec, model, dataset):
         return dataset, spec, False
     dataset = dataset.unbatch()
     return dataset, check_element_spec(dataset), True
