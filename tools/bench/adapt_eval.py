@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS_DIR, environment, load_average, log, write_json, write_section
+from harness import RESULTS_DIR, environment, load_average, log, publish_section, write_json
 
 SECTION_START = "<!-- adapt_eval:start -->"
 SECTION_END = "<!-- adapt_eval:end -->"
@@ -317,10 +317,7 @@ def main() -> None:
                                         "runs": [thinned(run) for run in runs]}
         data["load_average_end"] = load_average()
         write_json(RESULTS_DIR / "adapt_eval.json", data)
-    section = render(data)
-    print(section)
-    if args.benchmarks_md:
-        write_section(args.benchmarks_md, section, SECTION_START, SECTION_END)
+    publish_section(render(data), args.benchmarks_md, SECTION_START, SECTION_END)
 
 
 if __name__ == "__main__":

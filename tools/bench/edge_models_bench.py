@@ -76,7 +76,7 @@ from harness import (
     load_average,
     log,
     write_json,
-    write_section,
+    publish_section,
 )
 
 from edgebatch.units import parse_size_bytes
@@ -438,10 +438,7 @@ def main() -> None:
         data = run(args.model, parse_size_bytes(args.budget), variants, args.repeats, args.truth_seconds, args.jobs)
         write_json(RESULTS_FILE, data)
         log(f"wrote {RESULTS_FILE}")
-    section = markdown(data)
-    print(section)
-    if args.benchmarks_md is not None:
-        write_section(args.benchmarks_md, section, SECTION_START, SECTION_END)
+    publish_section(markdown(data), args.benchmarks_md, SECTION_START, SECTION_END)
 
 
 if __name__ == "__main__":

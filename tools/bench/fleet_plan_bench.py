@@ -57,7 +57,7 @@ from harness import (
     spin_load,
     wait_for_load,
     write_json,
-    write_section,
+    publish_section,
 )
 
 from edgebatch.fleet.plan import PlanDevice, ThroughputPoint, plan_fleet
@@ -593,10 +593,7 @@ def main() -> None:
         data["seconds"] = time.monotonic() - started
         data["load_average_at_end"] = load_average()
         write_json(RESULTS_DIR / "fleet_plan.json", data)
-    section = markdown(data)
-    print(section)
-    if args.benchmarks_md is not None:
-        write_section(args.benchmarks_md, section, SECTION_START, SECTION_END)
+    publish_section(markdown(data), args.benchmarks_md, SECTION_START, SECTION_END)
 
 
 if __name__ == "__main__":

@@ -246,6 +246,13 @@ def write_section(path: Path, section: str, start_marker: str, end_marker: str) 
     path.write_text(text)
 
 
+def publish_section(section: str, benchmarks_md: Path | None, start_marker: str, end_marker: str) -> None:
+    """Print a bench's BENCHMARKS.md section and, given the file, put it there (write_section)."""
+    print(section)
+    if benchmarks_md is not None:
+        write_section(benchmarks_md, section, start_marker, end_marker)
+
+
 def spin_load(cpu: int, stop) -> None:
     """A competing load for benches: a pure-Python busy loop pinned to `cpu` until `stop` (an Event) is set."""
     os.sched_setaffinity(0, {cpu})

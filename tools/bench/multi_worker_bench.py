@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS_DIR, environment, load_average, log, spin_load, wait_for_load, write_json, write_section
+from harness import RESULTS_DIR, environment, load_average, log, publish_section, spin_load, wait_for_load, write_json
 
 SECTION_START = "<!-- multi_worker_bench:start -->"
 SECTION_END = "<!-- multi_worker_bench:end -->"
@@ -257,10 +257,7 @@ def main() -> None:
         data["summary"] = summarize(data["run"])
         data["load_average_end"] = load_average()
         write_json(RESULTS_DIR / "multi_worker.json", data)
-    section = render(data)
-    print(section)
-    if args.benchmarks_md:
-        write_section(args.benchmarks_md, section, SECTION_START, SECTION_END)
+    publish_section(render(data), args.benchmarks_md, SECTION_START, SECTION_END)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS_DIR, environment, load_average, log, write_json, write_section
+from harness import RESULTS_DIR, environment, load_average, log, publish_section, write_json
 
 SECTION_START = "<!-- padding_bench:start -->"
 SECTION_END = "<!-- padding_bench:end -->"
@@ -188,10 +188,7 @@ def main() -> None:
         }
         data["load_average_end"] = load_average()
         write_json(RESULTS_DIR / "padding.json", data)
-    section = render(data)
-    print(section)
-    if args.benchmarks_md:
-        write_section(args.benchmarks_md, section, SECTION_START, SECTION_END)
+    publish_section(render(data), args.benchmarks_md, SECTION_START, SECTION_END)
 
 
 if __name__ == "__main__":
