@@ -124,7 +124,3 @@ class LengthCeilings:
             sizes.append(size)
             start += size
         return sizes
-
-    def describe(self) -> str:
-        """One line for logs and errors: '64 tokens: 120, 256 tokens: 40'."""
-        return ", ".join(f"{length} tokens: {ceiling}" for length, ceiling in self.table)
