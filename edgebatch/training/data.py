@@ -57,7 +57,10 @@ def batched_by_structure(dataset: Any) -> bool | None:
             return False
         if "Batch" in name:  # batch, padded_batch, ragged_batch, parallel batch
             return True
-        inputs = current._inputs() if callable(getattr(current, "_inputs", None)) else None
+        try:
+            inputs = current._inputs() if callable(getattr(current, "_inputs", None)) else None
+        except NotImplementedError:  # a dataset class that does not list its inputs
+            return None
         if inputs == [] or _is_from_generator(current):
             return False
         if name not in _KEEPS_BATCHING or not inputs or len(inputs) != 1:
