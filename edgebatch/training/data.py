@@ -274,14 +274,12 @@ class ExampleBuffer:
 
         from edgebatch.training.sequences import example_lengths
 
-        def lengths() -> list[int]:
-            return [n for chunk in self._chunks for n in (example_lengths(chunk) or [])]
-
-        while sum(lengths()) < tokens and self._read_chunk():
-            pass
+        lengths = [n for chunk in self._chunks for n in (example_lengths(chunk) or [])]
+        while sum(lengths) < tokens and self._read_chunk():
+            lengths += example_lengths(self._chunks[-1]) or []
         if self._buffered == 0:
             return None
-        reached = np.cumsum(lengths()) >= tokens
+        reached = np.cumsum(lengths) >= tokens
         count = int(np.argmax(reached)) + 1 if reached.any() else self._buffered
         return self.take(count)
 

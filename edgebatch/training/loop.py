@@ -92,6 +92,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import numbers
 import time
 import warnings
@@ -281,14 +282,6 @@ def fit(
         return loop.run()
 
 
-def _real_tokens(flat_examples: list) -> int | None:
-    """The unpadded tokens of an update's variable-length examples; None for fixed-length ones."""
-    from edgebatch.training.sequences import example_lengths
-
-    lengths = example_lengths(flat_examples)
-    return None if lengths is None else sum(lengths)
-
-
 def _by_length(flat_examples: list) -> list:
     """Variable-length examples of one update in order of length (sequences.py); others as they are."""
     from edgebatch.training.sequences import length_order
@@ -297,14 +290,25 @@ def _by_length(flat_examples: list) -> list:
     return flat_examples if order is None else [array[order] for array in flat_examples]
 
 
+def _refuse_unless_variable_length(option: str, element_spec: Any, adapt: Any, strategy: Any, instead: str) -> None:
+    """UsageError when `option` meets fixed-length examples, adapt or a strategy (not supported with it yet)."""
+    import tensorflow as tf
+
+    from edgebatch.training.sequences import is_variable
+
+    if not any(is_variable(leaf) for leaf in tf.nest.flatten(element_spec[0])):
+        raise UsageError(f"{option} applies to examples of variable length (an input of shape (None,)); "
+                         f"these examples have fixed shapes: {instead}")
+    if adapt is not None or strategy is not None:
+        which = "adapt" if adapt is not None else "a tf.distribute strategy"
+        raise UsageError(f"{option} cannot be combined with {which} yet: {instead}")
+
+
 def _check_length_ceilings(length_ceilings: Any, element_spec: Any, adapt: Any, strategy: Any) -> Any:
     """fit's `length_ceilings` as a LengthCeilings (None stays None); UsageError where it cannot apply."""
     if length_ceilings is None:
         return None
-    import tensorflow as tf
-
     from edgebatch.training.length_ceilings import LengthCeilings
-    from edgebatch.training.sequences import is_variable
 
     if isinstance(length_ceilings, dict):
         length_ceilings = LengthCeilings.from_mapping(length_ceilings)
@@ -315,14 +319,7 @@ def _check_length_ceilings(length_ceilings: Any, element_spec: Any, adapt: Any, 
                 f"{{tokens: ceiling}}, got {type(length_ceilings).__name__}"
             )
         length_ceilings = LengthCeilings.from_profile(length_ceilings)
-    if not any(is_variable(leaf) for leaf in tf.nest.flatten(element_spec[0])):
-        raise UsageError(
-            "length_ceilings applies to examples of variable length (an input of shape (None,)); "
-            "these examples have fixed shapes: leave length_ceilings out"
-        )
-    if adapt is not None or strategy is not None:
-        which = "adapt" if adapt is not None else "a tf.distribute strategy"
-        raise UsageError(f"length_ceilings cannot be combined with {which} yet: drop one of them")
+    _refuse_unless_variable_length("length_ceilings", element_spec, adapt, strategy, "leave length_ceilings out")
     return length_ceilings
 
 
@@ -333,18 +330,8 @@ def _check_batch_unit(batch_unit: Any, element_spec: Any, adapt: Any, strategy: 
     """UsageError for a batch_unit fit cannot count in (module docstring of sequences.py)."""
     if batch_unit not in BATCH_UNITS:
         raise UsageError(f"batch_unit must be one of {', '.join(BATCH_UNITS)}, got {batch_unit!r}")
-    if batch_unit == "examples":
-        return
-    import tensorflow as tf
-
-    from edgebatch.training.sequences import is_variable
-
-    if not any(is_variable(leaf) for leaf in tf.nest.flatten(element_spec[0])):
-        raise UsageError("batch_unit='tokens' applies to examples of variable length (an input of shape (None,)); "
-                         "these have fixed shapes: count in examples")
-    if adapt is not None or strategy is not None:
-        which = "adapt" if adapt is not None else "a tf.distribute strategy"
-        raise UsageError(f"batch_unit='tokens' cannot be combined with {which} yet: count in examples")
+    if batch_unit == "tokens":
+        _refuse_unless_variable_length("batch_unit='tokens'", element_spec, adapt, strategy, "count in examples")
 
 
 def _adaptive_batch(adapt: Any, effective_batch: int) -> Any:
@@ -505,6 +492,7 @@ class _GovernedLoop:
         self.length_ceilings = length_ceilings
         self.count_tokens = count_tokens
         self.lengths: list[int] | None = None  # the current update's example lengths, in its order
+        self.running_micro_batch = 0  # the governor's micro-batch the update's last split used
         self.optimizer = optimizer
         self.pruning = PruningSteps(model)
         self.chunk_examples = max(1, min(MAX_READ_CHUNK_EXAMPLES, governor.config.effective_batch))
@@ -632,12 +620,11 @@ class _GovernedLoop:
         wanted = decision.effective_batch if adaptive is None else adaptive.effective_batch_samples
         lr_scale = decision.lr_scale if adaptive is None else adaptive.lr_scale()
         flat_examples, examples = buffer.take_tokens(wanted) if self.count_tokens else buffer.take(wanted)
-        tokens = _real_tokens(flat_examples)
         flat_examples = _by_length(flat_examples)
-        if self.length_ceilings is not None:
-            from edgebatch.training.sequences import example_lengths
+        from edgebatch.training.sequences import example_lengths  # numpy: not at import time
 
-            self.lengths = example_lengths(flat_examples)
+        self.lengths = example_lengths(flat_examples)  # None for fixed-length examples
+        tokens = None if self.lengths is None else sum(self.lengths)
         # The wait for examples (this take, and the read-ahead since the last update) is not step
         # time: a slow input pipeline must not look like memory pressure to the governor.
         input_seconds = buffer.pop_read_seconds()
@@ -790,7 +777,7 @@ class _GovernedLoop:
         """The longest example (tokens) of each piece that ran, with length ceilings; else None."""
         if self.length_ceilings is None or self.lengths is None:
             return None
-        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        offsets = itertools.accumulate(sizes, initial=0)
         return tuple(self._piece_length(offset, size) for offset, size in zip(offsets, sizes))
 
     def _piece_length(self, offset: int, size: int) -> int | None:
