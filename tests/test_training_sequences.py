@@ -208,3 +208,79 @@ def test_token_labelled_examples_are_not_taken_for_batches_when_the_model_has_no
         _, _, unbatched = prepare_dataset(data, no_shapes)
         assert unbatched is batched
     assert batched_by_structure(tf.data.Dataset.zip((pairs, pairs))) is None  # the shapes decide there
+
+
+def window_order(tokens, window, update_size, count_tokens, epoch=0):
+    """(positions in the order a length window trains them, update sizes): the pure plan applied to
+    each window of the dataset, as fit's WindowedExamples does."""
+    from edgebatch.training.length_window import plan_window, window_seed
+
+    order, sizes = [], []
+    for index, start in enumerate(range(0, len(tokens), window)):
+        lengths = [len(row) for row in tokens[start : start + window]]
+        for group in plan_window(lengths, update_size, count_tokens, window_seed(epoch, index)):
+            order += [start + position for position in group]
+            sizes.append(len(group))
+    return order, sizes
+
+
+@pytest.mark.parametrize("unit, update_size, window", [("examples", EFFECTIVE, 24), ("tokens", 60, 20)])
+def test_a_length_window_trains_the_planned_updates_exactly(unit, update_size, window):
+    """Updates are cut from length-sorted windows (length_window.py), a shuffled order of them; the
+    weights equal the plain loop's over those same updates, with an OOM injected."""
+    tokens, labels = sequences()
+    order, sizes = window_order(tokens, window, update_size, unit == "tokens")
+    model = masked_model()
+    with inject_oom([3]):
+        report = fit(model, dataset(tokens, labels), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                     optimizer=keras.optimizers.Adam(0.01), effective_batch=update_size, batch_unit=unit,
+                     length_window_examples=window, governor=Governor(GovernorConfig(ceiling_batch=4,
+                                                                                    effective_batch=update_size)))
+    assert [record.examples for record in report.updates] == sizes
+    assert report.examples_seen == 40 and len(report.oom_events) == 1
+    # Updates of similar lengths: less padding than consecutive examples would need.
+    spread = [max(len(tokens[p]) for p in group) - min(len(tokens[p]) for p in group)
+              for group in np.split(np.array(order), np.cumsum(sizes)[:-1])]
+    consecutive = [max(map(len, tokens[s : s + 8])) - min(map(len, tokens[s : s + 8])) for s in range(0, 40, 8)]
+    assert np.mean(spread) < 0.6 * np.mean(consecutive)
+    expected = plain_loop([tokens[p] for p in order], labels[order], sizes)
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), expected))
+    assert diff < 1e-5
+
+
+def test_a_run_stopped_inside_a_length_window_resumes_to_the_uninterrupted_weights(tmp_path):
+    tokens, labels = sequences()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def run(model, **kwargs):
+        return fit(model, dataset(tokens, labels), loss=loss, optimizer=keras.optimizers.Adam(0.01),
+                   effective_batch=EFFECTIVE, length_window_examples=24, epochs=2, **kwargs)
+
+    whole = masked_model()
+    run(whole)
+    first = run(masked_model(), checkpoint_dir=str(tmp_path), max_updates=7)  # 5 updates an epoch: 2 into window 0
+    assert first.final_progress.epoch == 1 and first.final_progress.examples_in_epoch == 16
+    resumed = masked_model()
+    second = run(resumed, checkpoint_dir=str(tmp_path))
+    assert [record.update for record in second.updates] == [8, 9, 10] and second.examples_seen == 24
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(resumed.get_weights(), whole.get_weights()))
+    assert diff < 1e-5
+
+
+def test_length_window_usage_errors_are_one_line():
+    tokens, labels = sequences(count=8)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    fixed = tf.data.Dataset.from_tensor_slices((np.ones((8, 5), "int32"), labels))
+    elastic = Governor(GovernorConfig(ceiling_batch=4, effective_batch=EFFECTIVE, mode="elastic"))
+    cases = [
+        (fixed, 16, {}, "fixed shapes"),
+        (dataset(tokens, labels), 12, {}, "not a multiple of effective_batch 8"),
+        (dataset(tokens, labels), 0, {}, "integer >= 1"),
+        (dataset(tokens, labels), 16, {"governor": elastic}, "mode 'fixed'"),
+        (dataset(tokens, labels), 16, {"adapt": object()}, "adapt"),
+    ]
+    for data, window, extra, words in cases:
+        with pytest.raises(UsageError) as error:
+            fit(masked_model(), data, loss=loss, optimizer=keras.optimizers.SGD(0.1), effective_batch=EFFECTIVE,
+                length_window_examples=window, **extra)
+        assert words in str(error.value) and "\n" not in str(error.value), str(error.value)

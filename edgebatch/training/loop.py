@@ -155,6 +155,7 @@ def fit(
     worker_shares: Any = None,
     length_ceilings: Any = None,
     batch_unit: str = "examples",
+    length_window_examples: int | None = None,
 ) -> FitReport:
     """Train `model` on `dataset` with governor-sized micro-batches and gradient accumulation.
 
@@ -205,6 +206,12 @@ def fit(
     `effective_batch`, so updates of short examples hold more of them; the governor must be in
     mode "fixed", and adapt and strategies are refused. The loss is the mean over the update's
     examples either way, so accumulation stays exact.
+    `length_window_examples`: for variable-length examples, read the epoch in windows of this many
+    consecutive examples, sort each window by length and cut it into updates, which then run in a
+    seeded shuffled order (length_window.py): updates hold examples of similar length, so their
+    pieces pad less. Which examples share an update changes (every example is still used once per
+    epoch); resume stays exact. In examples it must be a multiple of `effective_batch`; the governor
+    must be in mode "fixed"; not with adapt or a strategy.
     TensorBoard scalars go to `log_dir`, one JSON line per update to `decision_log`
     (observability.py). Returns a FitReport of this call.
     """
@@ -221,6 +228,7 @@ def fit(
     dataset, element_spec, unbatched = prepare_dataset(dataset, model)
     length_ceilings = _check_length_ceilings(length_ceilings, element_spec, adapt, strategy)
     _check_batch_unit(batch_unit, element_spec, adapt, strategy)
+    _check_length_window(length_window_examples, effective_batch, batch_unit, element_spec, adapt, strategy)
     if checkpoint_dir is not None:
         refuse_unreplayable_order(dataset)
     normalizers = _check_batch_norm(model, batch_norm)
@@ -243,6 +251,9 @@ def fit(
         )
     if batch_unit == "tokens" and governor.config.mode != "fixed":
         raise UsageError("batch_unit='tokens' needs a governor in mode 'fixed': an elastic effective batch counts examples")
+    if length_window_examples is not None and governor.config.mode != "fixed":
+        raise UsageError("length_window_examples needs a governor in mode 'fixed': a window is cut into updates "
+                         "of one size when it is read")
     problem = None if multi_worker else check_governor_for_replicas(governor.config, replicas)
     if problem is not None:
         raise UsageError(problem)
@@ -272,6 +283,7 @@ def fit(
             fixed_micro_batch=batch_norm == "fixed_micro_batch", strategy=strategy,
             adaptive=None if adapt is None else _adaptive_batch(adapt, effective_batch),
             length_ceilings=length_ceilings, count_tokens=batch_unit == "tokens",
+            length_window_examples=length_window_examples,
         )
         loop.report.batch_norm_layers = normalizers
         loop.report.batch_norm = batch_norm
@@ -332,6 +344,22 @@ def _check_batch_unit(batch_unit: Any, element_spec: Any, adapt: Any, strategy: 
         raise UsageError(f"batch_unit must be one of {', '.join(BATCH_UNITS)}, got {batch_unit!r}")
     if batch_unit == "tokens":
         _refuse_unless_variable_length("batch_unit='tokens'", element_spec, adapt, strategy, "count in examples")
+
+
+def _check_length_window(window: Any, effective_batch: int, batch_unit: str, element_spec: Any, adapt: Any,
+                         strategy: Any) -> None:
+    """UsageError for a length_window_examples fit cannot use (length_window.py)."""
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise UsageError(f"length_window_examples must be an integer >= 1 (examples per window), got {window!r}")
+    _refuse_unless_variable_length("length_window_examples", element_spec, adapt, strategy,
+                                   "leave length_window_examples out")
+    if batch_unit == "examples" and window % effective_batch:
+        raise UsageError(
+            f"length_window_examples {window} is not a multiple of effective_batch {effective_batch}: a window is cut "
+            f"into whole updates, e.g. length_window_examples={effective_batch * max(2, window // effective_batch)}"
+        )
 
 
 def _adaptive_batch(adapt: Any, effective_batch: int) -> Any:
@@ -472,7 +500,7 @@ class _GovernedLoop:
     def __init__(self, *, model, dataset, element_spec, loss, optimizer, governor, epochs, checkpoint_dir,
                  checkpoint_every_updates, max_checkpoints_to_keep, pressure_reader, max_updates, on_update,
                  run_log, callbacks, fixed_micro_batch, strategy=None, adaptive=None, length_ceilings=None,
-                 count_tokens=False) -> None:
+                 count_tokens=False, length_window_examples=None) -> None:
         self.model = model
         self.dataset = dataset
         self.element_spec = element_spec
@@ -491,6 +519,7 @@ class _GovernedLoop:
         self.adaptive = adaptive
         self.length_ceilings = length_ceilings
         self.count_tokens = count_tokens
+        self.length_window_examples = length_window_examples
         self.lengths: list[int] | None = None  # the current update's example lengths, in its order
         self.running_micro_batch = 0  # the governor's micro-batch the update's last split used
         self.optimizer = optimizer
@@ -534,7 +563,7 @@ class _GovernedLoop:
                 self.model.stop_training = False
                 self.callbacks.on_train_begin()
             while self.progress.epoch < self.epochs:
-                buffer = ExampleBuffer(self.dataset, self.progress.examples_in_epoch, self.chunk_examples)
+                buffer = self._epoch_buffer()
                 self._begin_epoch()
                 stopped = self._train_epoch(buffer)
                 if stopped == "max_updates":
@@ -583,6 +612,19 @@ class _GovernedLoop:
                 return "callback"
             if ended:
                 return None
+
+    def _epoch_buffer(self) -> Any:
+        """The rest of the current epoch's examples, as ExampleBuffer or, with a length window, WindowedExamples."""
+        consumed = self.progress.examples_in_epoch
+        if self.length_window_examples is None:
+            return ExampleBuffer(self.dataset, consumed, self.chunk_examples)
+        from edgebatch.training.length_window import WindowedExamples  # numpy: not at import time
+
+        start = WindowedExamples.window_start(consumed, self.length_window_examples)
+        return WindowedExamples(
+            ExampleBuffer(self.dataset, start, self.chunk_examples), self.length_window_examples,
+            self.governor.config.effective_batch, self.count_tokens, self.progress.epoch, consumed,
+        )
 
     def _stop_requested(self) -> bool:
         """A callback set model.stop_training (checked after each update and each epoch, as model.fit does)."""

@@ -16,7 +16,8 @@ over its real tokens. Numpy only.
 
 With fit's `length_ceilings` the pieces follow the lengths (length_ceilings.py), and with
 `batch_unit="tokens"` an update takes examples until their lengths (`example_lengths`) reach the
-effective batch (data.ExampleBuffer.take_tokens).
+effective batch (data.ExampleBuffer.take_tokens). With `length_window_examples` updates are cut from
+length-sorted windows of the stream, so whole updates hold examples of similar length (length_window.py).
 """
 
 from __future__ import annotations
