@@ -224,18 +224,20 @@ def window_order(tokens, window, update_size, count_tokens, epoch=0):
     return order, sizes
 
 
-@pytest.mark.parametrize("unit, update_size, window", [("examples", EFFECTIVE, 24), ("tokens", 60, 20)])
-def test_a_length_window_trains_the_planned_updates_exactly(unit, update_size, window):
+@pytest.mark.parametrize("unit, update_size, window, ceilings", [("examples", EFFECTIVE, 24, None),
+                                                                  ("tokens", 60, 20, LENGTH_CEILINGS)])
+def test_a_length_window_trains_the_planned_updates_exactly(unit, update_size, window, ceilings):
     """Updates are cut from length-sorted windows (length_window.py), a shuffled order of them; the
-    weights equal the plain loop's over those same updates, with an OOM injected."""
+    weights equal the plain loop's over those same updates, with an OOM injected (in tokens, with
+    pieces cut by length ceilings too)."""
     tokens, labels = sequences()
     order, sizes = window_order(tokens, window, update_size, unit == "tokens")
     model = masked_model()
     with inject_oom([3]):
         report = fit(model, dataset(tokens, labels), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                      optimizer=keras.optimizers.Adam(0.01), effective_batch=update_size, batch_unit=unit,
-                     length_window_examples=window, governor=Governor(GovernorConfig(ceiling_batch=4,
-                                                                                    effective_batch=update_size)))
+                     length_window_examples=window, length_ceilings=ceilings,
+                     governor=Governor(GovernorConfig(ceiling_batch=4, effective_batch=update_size)))
     assert [record.examples for record in report.updates] == sizes
     assert report.examples_seen == 40 and len(report.oom_events) == 1
     # Updates of similar lengths: less padding than consecutive examples would need.
