@@ -108,7 +108,7 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         address_space_headroom_bytes=scenario.headroom_bytes,
     )
     workers = _CountingList()
-    trials, found, error, baseline, budget = [], None, None, None, scenario.budget_bytes
+    trials, found, error, baseline, budget, fork, forked = [], None, None, None, scenario.budget_bytes, None, False
     started = time.perf_counter()
     try:
         scout = start_worker(setup)
@@ -127,13 +127,20 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
             max_batch_limit=scenario.max_batch_limit, strategy=strategy, refuse_predicted_over_budget=True,
             baseline_bytes=baseline,
         )
-        trials, final = api._search(config, setup, workers, "process_peak", lambda line: None)
+        # Fresh workers as `edgebatch probe` starts them: forked from a fork server where the device
+        # has room for one beside the budget (api._FreshWorkers), else new processes. Every method
+        # gets the same runner.
+        fork = api._FreshWorkers("CPU:0", budget, lambda line: None)
+        trials, final = api._search(config, setup, workers, "process_peak", lambda line: None, fork)
         found = final.max_batch
+        forked = fork.server is not None
     except EdgebatchError as exc:
         error = f"{type(exc).__name__}: {exc}"
     finally:
         for worker in workers:
             worker.close()
+        if fork is not None:
+            fork.close()  # after its children: they die with it
     seconds = time.perf_counter() - started
     measured = [t for t in trials if t.measured]
     return {
@@ -147,6 +154,7 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         "oom_trials": sum(t.error in ("oom", "worker_killed") for t in measured),
         "skipped": len(trials) - len(measured),
         "workers_started": workers.appended,
+        "fork_server": forked,
         "baseline_bytes": baseline,
         "budget_bytes": budget,
         "trial_log": [

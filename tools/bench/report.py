@@ -162,6 +162,13 @@ def probe_lines(section: dict) -> list[str]:
             bracket = f"{truth['first_failure_above']} fails: the truth is known to {truth['resolution']:.0%}"
         else:
             bracket = f"{truth['first_failure_above']} fails: NOT narrowed to {truth['resolution']:.0%} (time budget)"
+        forked = {run.get("fork_server") for method in scenario["runs"].values() for run in method} - {None}
+        if forked:
+            lines.append({frozenset({True}): "Fresh workers forked from a fork server, as `edgebatch probe` starts them "
+                                              "with this budget.",
+                          frozenset({False}): "Fresh workers started as new processes, as `edgebatch probe` starts them "
+                                               "with this budget (no room for a fork server beside it)."}
+                         .get(frozenset(forked), "Fresh workers: some runs forked them from a fork server, some did not."))
         planned = f"{scenario.get('repeats', '-')} run(s) per method planned."
         if bracket is None:
             lines.append(f"{planned} True ceiling: not measured (no time left for fresh processes).")
@@ -343,6 +350,7 @@ def write_markdown(results: dict, path: Path, plots_dir: Path) -> None:
         f"section: {(sections.get('probe') or {}).get('repeats', '-')} per method); run took {results['seconds']:.0f} s.",
         f"- Load average at start {env.get('load_average_at_start')}, at end {env.get('load_average_at_end')}: the "
         "machine is shared, so figures are `median [min-max]` and comparisons are ratios taken within each repeat.",
+        *carried_lines(results.get("carried", {})),
         "",
         "## Targets",
         "",
@@ -368,6 +376,15 @@ def write_markdown(results: dict, path: Path, plots_dir: Path) -> None:
     lines += ["", *results.get("notes", [])]
     kept = kept_sections(path.read_text() if path.exists() else "")
     path.write_text("\n".join(lines).rstrip() + "\n" + "".join("\n" + block + "\n" for block in kept))
+
+
+def carried_lines(carried: dict) -> list[str]:
+    """One line per earlier run whose sections run.py --only kept: which sections, at what commit and date."""
+    runs: dict[tuple, list[str]] = {}
+    for name, origin in carried.items():
+        runs.setdefault((origin.get("mode") or "", origin.get("git_commit") or "-", origin.get("date_utc") or "-"), []).append(name)
+    return [f"- Sections {', '.join(names)}: carried over from an earlier {mode} run (commit {commit}, {date}); the "
+            "lines above describe this run." for (mode, commit, date), names in runs.items()]
 
 
 def kept_sections(markdown: str) -> list[str]:

@@ -9,7 +9,8 @@ pressure_child.py), 4. retracing (retracing.py), 5. a neighbour takes memory and
 2 cores: each section gets a share of the time and skips (and reports) what would overrun, so a
 loaded machine gives a shorter report, not a longer run. Full mode aims at under an hour for what
 sections 1-4 measured before issue 10, plus EXTRA_SECONDS (17 minutes) for what it added.
-Benchmarks report; nothing asserts a timing.
+Benchmarks report; nothing asserts a timing. With `--only`, the sections not run are carried over
+from the results.json already there, and the report names the commit and date each was measured at.
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ NOTES = [
     "holds the peers' finders: Accelerate's shrink-on-OOM from 128 by x0.9 and x0.5, never growing; a DeepSpeed-style "
     "one-shot estimate from a batch-1 step over the worker's baseline memory, checking 0.95/1.0/1.05 x). "
     "'trials' counts trials that ran; 'failed' those that ran out of memory, died or measured over the budget; "
-    "'workers' the processes started (each costs a TensorFlow import). found/true is the answer over the largest "
+    "'workers' the processes started: fresh ones fork from a fork server that imported TensorFlow once, as `edgebatch "
+    "probe` starts them, where the budget leaves room for one (the resident-budget and capped scenarios), else each "
+    "costs a TensorFlow import. found/true is the answer over the largest "
     "batch that ran in a fresh process (tests/support/fresh_step.py: its own step, 10 steps); 'unsafe' counts answers "
     "that failed in a fresh process or lie at or above a fresh failure. 'binsearch -5% margin' is Lightning's "
     "binsearch as it hands its answer back (less a 5% margin), derived from the same binsearch runs. Costs to keep "
-    "in mind: a worker start is a TensorFlow import (8-20 s here), and a real OOM takes ~10 s to surface on CPU "
+    "in mind: a worker started as a new process imports TensorFlow (8-20 s here), and a real OOM takes ~10 s to surface on CPU "
     "(TensorFlow's allocator retries before it gives up); a measured over-budget trial costs only its steps.",
     "- Every process under an address-space cap (probe workers, truth runs, pressure runs) runs with "
     "MALLOC_ARENA_MAX=2: glibc's per-thread arenas reserve 64 MiB of address space each and moved capped "
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     results["notes"] = NOTES
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _carry_over(results, out / "results.json", only)
     write_json(out / "results.json", results)
     render(out, Path(args.markdown))
     log(f"wrote {args.markdown} and {out}/ in {deadline.elapsed():.0f} s")
@@ -142,6 +146,23 @@ def _ends(shares: dict[str, float], base_seconds: float, extra_seconds: dict[str
     ends["neighbour"] = (total - 0.01 * base_seconds) / total
     ends["total_over_base"] = total / base_seconds
     return ends
+
+
+def _carry_over(results: dict, previous_path: Path, only: list[str]) -> None:
+    """With --only, the sections not run now are kept from the previous results.json, each with the
+    commit and date it was measured at (report.py names them), so one section can be rerun alone."""
+    if set(only) >= set(SECTIONS) or not previous_path.exists():
+        return
+    previous = json.loads(previous_path.read_text())
+    env = previous.get("environment", {})
+    for name in SECTIONS:
+        if name in only or not previous.get("sections", {}).get(name):
+            continue
+        results["sections"][name] = previous["sections"][name]
+        results.setdefault("carried", {})[name] = previous.get("carried", {}).get(name) or {
+            "git_commit": env.get("git_commit"), "date_utc": env.get("date_utc"),
+            "mode": previous.get("mode", {}).get("name"),
+        }
 
 
 def render(out: Path, markdown: Path) -> None:
