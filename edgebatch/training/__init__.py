@@ -3,7 +3,8 @@
 - `fit(model, dataset, loss=..., optimizer=..., effective_batch=...)`: a custom loop (loop.py) with
   OOM retry in place, checkpoint/resume, TensorBoard and JSONL logs; returns a `FitReport`.
   `LengthCeilings` (length_ceilings.py): micro-batch ceilings by sequence length, for fit's
-  `length_ceilings` (from a probe per length's profile).
+  `length_ceilings` (from a probe per length's profile); `length_window_examples` cuts updates from
+  length-sorted windows of the stream (length_window.py).
 - `inject_oom([2, 5])` / env `EDGEBATCH_INJECT_OOM=2,5`: make chosen micro-batches fail (tests).
 - `supervise(["python", "train.py"], checkpoint_dir=...)` (supervisor.py): run training in a child and
   restart it from its last checkpoint when it is killed (SIGKILL, SIGABRT); `edgebatch supervise`.

@@ -125,10 +125,11 @@ def _probe_targets(scenario: dict) -> list[list[str]]:
             measured += (f"; {fmt(edge, 3)} of the edge below the first fresh failure "
                          f"({truth['edge_below_first_failure']}; {truth['failures_below_ceiling'][0]} fails)")
         rows.append([f"found/true >= 0.97, no unsafe answer: {name}", measured, _verdict(ok)])
-    for key, label in (("trials_vs_binsearch", "trials"), ("wall_vs_binsearch", "wall seconds")):
+    # Issue 9's cost targets: median trials <= 0.5x and median wall time <= 0.6x binsearch's.
+    for key, label, target in (("trials_vs_binsearch", "trials", 0.5), ("wall_vs_binsearch", "wall seconds", 0.6)):
         value = _stat(slow.get(key))
         if value is not None:
-            rows.append([f"{label} <= 0.5 x binsearch's: {name}", fmt(value, 2), _verdict(value.median <= 0.5)])
+            rows.append([f"{label} <= {target} x binsearch's: {name}", fmt(value, 2), _verdict(value.median <= target)])
     return rows
 
 
