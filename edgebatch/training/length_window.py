@@ -99,8 +99,8 @@ class WindowedExamples:
         self._epoch = int(epoch)
         self._window_index = consumed_in_epoch // self._window_examples
         self._pending: list[list[Any]] = []  # the current window's remaining updates, as flat arrays
-        self._skip_updates_examples = consumed_in_epoch - self._window_index * self._window_examples
-        self._first = True
+        # Examples of the first window read that ran before a resume; None once that window is planned.
+        self._skip_updates_examples: int | None = consumed_in_epoch - self._window_index * self._window_examples
 
     @staticmethod
     def window_start(consumed_in_epoch: int, window_examples: int) -> int:
@@ -125,8 +125,7 @@ class WindowedExamples:
             plan = plan_window(lengths, self._update_size, self._count_tokens,
                                window_seed(self._epoch, self._window_index))
             skip = 0
-            if self._first:
-                self._first = False
+            if self._skip_updates_examples is not None:
                 try:
                     skip = updates_done(plan, self._skip_updates_examples)
                 except ValueError as exc:
@@ -135,6 +134,7 @@ class WindowedExamples:
                         f"{self._window_index}, which is no whole number of its updates: resume with the "
                         "effective_batch, batch_unit and length_window_examples it was made with"
                     ) from exc
+                self._skip_updates_examples = None
             self._pending = [[array[group] for array in flat] for group in plan[skip:]]
             self._window_index += 1
         return True

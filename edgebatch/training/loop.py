@@ -249,11 +249,12 @@ def fit(
             f"effective_batch {effective_batch!r} differs from the governor's "
             f"config.effective_batch {governor.config.effective_batch!r}: build the governor for the same batch"
         )
-    if batch_unit == "tokens" and governor.config.mode != "fixed":
-        raise UsageError("batch_unit='tokens' needs a governor in mode 'fixed': an elastic effective batch counts examples")
-    if length_window_examples is not None and governor.config.mode != "fixed":
-        raise UsageError("length_window_examples needs a governor in mode 'fixed': a window is cut into updates "
-                         "of one size when it is read")
+    # Both cut updates by a rule of their own, so the governor may not move the effective batch.
+    for option, why in (("batch_unit='tokens'", batch_unit == "tokens" and "an elastic effective batch counts examples"),
+                        ("length_window_examples", length_window_examples is not None
+                         and "a window is cut into updates of one size when it is read")):
+        if why and governor.config.mode != "fixed":
+            raise UsageError(f"{option} needs a governor in mode 'fixed': {why}")
     problem = None if multi_worker else check_governor_for_replicas(governor.config, replicas)
     if problem is not None:
         raise UsageError(problem)
