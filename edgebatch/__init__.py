@@ -6,6 +6,7 @@
     Governor            keep micro-batches under that ceiling and live memory pressure
     fit(...)            governed training with gradient accumulation and OOM recovery
     supervise(argv)     run training in a child process; restart it from its checkpoint when killed
+    set_inter_op_threads(n)  run TensorFlow with the inter-op threads a profile was measured with (1 by default)
 
 Importing edgebatch imports neither TensorFlow nor tensorflow-model-optimization; the pieces that
 need TensorFlow import it when called.
@@ -15,6 +16,7 @@ from edgebatch.errors import EdgebatchError, ProbeError, ProfileError, TrainingE
 from edgebatch.governor import Decision, Governor, GovernorConfig, Observation, PressureReader
 from edgebatch.probing import cached_profile, probe
 from edgebatch.profiles import DeviceProfile, MemoryModel, Trial, load_profile, save_profile
+from edgebatch.threads import set_inter_op_threads
 from edgebatch.training import FitReport, fit, inject_oom, supervise
 
 __version__ = "0.1.0"
@@ -40,5 +42,6 @@ __all__ = [
     "load_profile",
     "probe",
     "save_profile",
+    "set_inter_op_threads",
     "supervise",
 ]

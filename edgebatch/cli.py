@@ -65,6 +65,7 @@ def format_profile(profile) -> str:
         f"  max_batch         {profile.max_batch}",
         f"  safe_batch        {profile.safe_batch}   (headroom {profile.headroom:.0%})",
         f"  throughput_knee   {profile.throughput_knee}",
+        f"  inter-op threads  {_inter_op_note(profile.search)}",
     ]
     if model is not None:
         lines.append(
@@ -97,6 +98,15 @@ def format_profile(profile) -> str:
         length = f"{trial.seq_len or '-':>6}  " if tokens else ""
         lines.append(f"  {length}{trial.batch:>7}  {result:<22} {format_bytes(trial.peak_bytes):>11} {step:>8} {rate:>10}")
     return "\n".join(lines)
+
+
+def _inter_op_note(search: dict) -> str:
+    from edgebatch.threads import recorded_inter_op_threads
+
+    threads = recorded_inter_op_threads(search)
+    if threads == 0:
+        return "0 (TensorFlow's own pool)"
+    return f"{threads} (the ceilings hold for training with edgebatch.set_inter_op_threads({threads}))"
 
 
 @main.command()

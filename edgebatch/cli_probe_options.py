@@ -59,6 +59,12 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
         click.option("--trial-seconds", type=click.FloatRange(min=0, min_open=True),
                      default=_DEFAULTS.trial_seconds, show_default=True,
                      help="Stop a trial's timed steps after this long (at least one step runs)."),
+        click.option("--inter-op-threads", type=click.IntRange(min=0), default=_DEFAULTS.inter_op_threads,
+                     show_default=True,
+                     help="TensorFlow inter-op threads in the probe's workers; 0: TensorFlow's own pool. With 1 "
+                          "the ops of a step run one after another, so the peak is the same in every step and "
+                          "process; with the pool it climbs for up to 30 steps, to a higher figure. The ceiling "
+                          "holds for training with the same setting (edgebatch.set_inter_op_threads)."),
         click.option("--seq-lens", default=None, metavar="L1,L2,...",
                      help="Sequence lengths in tokens to probe a model with a variable sequence axis at, e.g. "
                           "64,128,256,512: the ceiling at each and a token memory model for any length. Default for "

@@ -20,7 +20,8 @@ def test_fresh_check_passes_precision_and_optimize_only_when_asked(monkeypatch):
     monkeypatch.setattr(probe_truth, "run_child", run_child)
     assert probe_truth.fresh_check("m", 8, 200, None)["fits"]
     probe_truth.fresh_check("m", 8, 200, None, precision="mixed_bfloat16", optimize="qat")
-    assert calls[0][1:] == ["m", "8", str(probe_truth.TRUTH_STEPS)]
+    # The truth runs the inter-op threads the probe's workers run (worker.DEFAULT_INTER_OP_THREADS).
+    assert calls[0][1:] == ["m", "8", str(probe_truth.TRUTH_STEPS), "--inter-op-threads=1"]
     assert calls[1][-2:] == ["--precision=mixed_bfloat16", "--optimize=qat"]
 
 
@@ -85,9 +86,12 @@ def test_fit_limit_truth_reads_the_same_checks_against_the_probes_margin():
     budget = 1000
     checks = [{"batch": 38, "ran": True, "peak_bytes": 960}, {"batch": 39, "ran": True, "peak_bytes": 974},
               {"batch": 43, "ran": True, "peak_bytes": 990}, {"batch": 44, "ran": False, "peak_bytes": None}]
-    assert edge_models_bench.fit_limit_truth(checks, budget) == (39, 43)
-    assert edge_models_bench.fit_limit_truth(checks[:2], budget) == (39, None)
-    assert edge_models_bench.fit_limit_truth([], budget) == (None, None)
+    assert edge_models_bench.fit_limit_truth(checks, budget, 0.975) == (39, 43)
+    assert edge_models_bench.fit_limit_truth(checks[:2], budget, 0.975) == (39, None)
+    assert edge_models_bench.fit_limit_truth([], budget, 0.975) == (None, None)
+    # The default is the probe's margin with one inter-op thread, 1%: 43 at 990 of 1000 fits it.
+    assert edge_models_bench.FIT_MARGIN == 0.99
+    assert edge_models_bench.fit_limit_truth(checks, budget) == (43, 44)
 
 
 def test_measure_truth_continues_from_prior_checks(monkeypatch):

@@ -1,7 +1,8 @@
 """Real TensorFlow probes on CPU, checked against a truth measured in fresh processes.
 
 The truth comes from tests/support/fresh_step.py: a separate step implementation run in a new
-process per batch, 10 steps (docs/tensorflow-memory.md: the resident peak climbs over the first steps), VmHWM.
+process per batch, 10 steps (docs/tensorflow-memory.md: the resident peak climbs over the first steps), VmHWM,
+with the inter-op threads the probe's workers run (worker.DEFAULT_INTER_OP_THREADS).
 """
 
 import json
@@ -14,6 +15,7 @@ import pytest
 
 from edgebatch.probing import probe
 from edgebatch.probing.search import BUMP_EDGE_FRACTION
+from edgebatch.probing.worker import DEFAULT_INTER_OP_THREADS
 
 HERE = Path(__file__).parent
 FRESH_STEP = HERE / "support" / "fresh_step.py"
@@ -28,7 +30,8 @@ pytestmark = pytest.mark.slow
 
 
 def fresh_peak(spec, batch, address_space_headroom=None):
-    args = [sys.executable, str(FRESH_STEP), spec, str(batch), str(TRUTH_STEPS)]
+    args = [sys.executable, str(FRESH_STEP), spec, str(batch), str(TRUTH_STEPS),
+            f"--inter-op-threads={DEFAULT_INTER_OP_THREADS}"]
     if address_space_headroom is not None:
         args.append(str(address_space_headroom))
     done = subprocess.run(args, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -168,3 +171,21 @@ def test_trials_that_time_only_their_warm_up_step_are_marked_and_give_no_knee(tm
     ran = [t for t in profile.trials if t.measured and t.peak_bytes is not None]
     assert ran and all(t.steady is False for t in ran), [(t.batch, t.steady) for t in ran]
     assert profile.throughput_knee is None
+
+
+def test_with_one_inter_op_thread_the_peak_is_reached_at_once_and_the_probe_records_it(small_cnn_profile):
+    """The probe's default (worker.DEFAULT_INTER_OP_THREADS): with one inter-op thread the resident
+    peak does not climb after the first steps, so a trial's settled reading is the long run's.
+    transformer_tiny at 24 x 512 tokens climbed from 1,475 MiB at step 5 to 1,584 MiB at step 8
+    with TensorFlow's pool; with one thread it stays within 2 MiB of step 3 for 16 steps
+    (tools/op_schedule_check.py, the script this test runs)."""
+    assert small_cnn_profile.search["inter_op_threads"] == DEFAULT_INTER_OP_THREADS == 1
+    done = subprocess.run(
+        [sys.executable, str(HERE.parent / "tools" / "op_schedule_check.py"), "--steps", "16",
+         "--child", "transformer_tiny:24:512", str(DEFAULT_INTER_OP_THREADS)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    peaks = json.loads(done.stdout.strip().splitlines()[-1])["peaks_mib"]
+    print(peaks)
+    assert max(peaks) - peaks[2] <= 2.0

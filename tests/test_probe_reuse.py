@@ -53,6 +53,7 @@ def test_another_start_reuses_it_moves_the_path_not_the_answer():
         ({"steps_per_trial": 10}, "--steps-per-trial 3"),
         ({"trial_seconds": 30.0}, "--trial-seconds 10.0"),
         ({"headroom": 0.5}, "--headroom 0.1, this probe asks for 0.5"),
+        ({"inter_op_threads": 0}, "--inter-op-threads 1, this probe asks for 0"),
     ],
 )
 def test_a_setting_that_changes_the_answer_probes_again(change, fragment):
@@ -71,6 +72,13 @@ def test_the_budget_must_match_within_the_tolerance_explicit_or_default():
 
 def test_a_profile_without_recorded_settings_is_not_reused():
     assert "no search settings" in problem(search={})
+
+
+def test_a_profile_from_before_inter_op_threads_were_recorded_counts_as_tensorflows_pool():
+    older = {key: value for key, value in SEARCH.items() if key != "inter_op_threads"}
+    assert SEARCH["inter_op_threads"] == 1, "the probe's default: one inter-op thread"
+    assert "--inter-op-threads 0, this probe asks for 1" in problem(search=older)
+    assert problem(search=older, inter_op_threads=0) is None
 
 
 def test_a_memory_limit_under_the_total_is_part_of_the_device_fingerprint(monkeypatch):
@@ -135,6 +143,9 @@ def test_bad_request_fields_are_refused_before_any_worker_starts(tmp_path):
         probe("mlp", max_batch_limit=4, multiple=8, profiles_dir=tmp_path)
     with pytest.raises(UsageError, match="unknown probe option"):
         probe("mlp", max_batch=64, profiles_dir=tmp_path)
+    for threads in (-1, 1.5, True):
+        with pytest.raises(UsageError, match=r"--inter-op-threads must be a whole number >= 0"):
+            probe("mlp", inter_op_threads=threads, profiles_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 

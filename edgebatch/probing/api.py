@@ -26,6 +26,7 @@ from edgebatch.probing.outcomes import DEFAULT_MAX_BATCH_LIMIT, DEFAULT_START_BA
 from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
 from edgebatch.probing.worker import (
     BASELINE_FIELDS,
+    DEFAULT_INTER_OP_THREADS,
     DEFAULT_STEPS_PER_TRIAL,
     DEFAULT_TRIAL_SECONDS,
     MEASURE_FIELDS,
@@ -42,22 +43,38 @@ from edgebatch.profiles import (
     resolve_profiles_dir,
     save_profile,
 )
+from edgebatch.threads import checked_inter_op_threads
 from edgebatch.units import format_bytes
 from edgebatch.zoo import OPTIMIZATIONS, OPTIMIZERS, PRECISIONS, keras_flavor, parse_model_spec
 
-# A trial fits when its peak is at most 97.5% of the budget: max_batch must run in any fresh
-# process, not just in the worker that measured it, and the same batch reads differently from one
-# process to the next, more between runs at different times than back to back. small_cnn at 337:
-# at most 1,594.5 MB in the probe worker that answered it, then 1,617.6 MB in a fresh process
-# (1.45% more; with a 1% margin tests/test_probe_real.py failed 2 runs in 5); back to back, four
-# workers read 1,608.1-1,608.7 MB and four fresh processes 1,595.6-1,595.9 MB. 2.5% covers the
-# widest spread seen with 1% to spare (memory_fit.PEAK_SPREAD_FRACTION: the same spread, for bumps).
+# A trial fits when its peak is at most the budget less a measurement margin: max_batch must run
+# in any fresh process, not just in the worker that measured it.
+# With TensorFlow's inter-op pool (--inter-op-threads 0, or more than one thread) the same batch
+# reads differently from one process to the next, more between runs at different times than back
+# to back. small_cnn at 337: at most 1,594.5 MB in the probe worker that answered it, then
+# 1,617.6 MB in a fresh process (1.45% more; with a 1% margin tests/test_probe_real.py failed 2
+# runs in 5); back to back, four workers read 1,608.1-1,608.7 MB and four fresh processes
+# 1,595.6-1,595.9 MB. 2.5% covers the widest spread seen with 1% to spare
+# (memory_fit.PEAK_SPREAD_FRACTION: the same spread, for bumps).
 MEASUREMENT_MARGIN = 0.025
+# With one inter-op thread (the default) that spread is gone: three fresh processes each read
+# transformer_tiny at 870 x 64 tokens at 1,487.7-1,488.3 MiB, small_cnn at 324 at 1,386.2-1,386.3,
+# dense_wide at 300 at 1,540.9-1,541.3 and text_cnn at 700 at 1,112.6-1,113.1 (0.05% at most),
+# and the same under two busy loops (docs/tensorflow-memory.md, "Inter-op threads"). The probe's
+# fork-server workers read at or above fresh processes (their prewarm: small_cnn at 324, 1.37 GiB
+# against 1,386 MiB). 1% is twenty times that spread, for what differs between two installs of one
+# environment; a user's process that imports more than the worker has its own headroom, safe_batch's.
+MEASUREMENT_MARGIN_ONE_THREAD = 0.01
 
 
-def fit_budget_bytes(budget_bytes: int) -> int:
+def measurement_margin(inter_op_threads: int) -> float:
+    """The share of the budget a trial's peak must stay under it by, for workers run with `inter_op_threads`."""
+    return MEASUREMENT_MARGIN_ONE_THREAD if inter_op_threads == 1 else MEASUREMENT_MARGIN
+
+
+def fit_budget_bytes(budget_bytes: int, inter_op_threads: int = DEFAULT_INTER_OP_THREADS) -> int:
     """The figure a trial's peak must stay under to count as fitting the budget."""
-    return int(budget_bytes * (1 - MEASUREMENT_MARGIN))
+    return int(budget_bytes * (1 - measurement_margin(inter_op_threads)))
 
 
 # Fresh workers run this many steps at a small batch (the start batch, at most half the trial's)
@@ -95,6 +112,8 @@ class ProbeRequest:
     headroom: float = 0.10
     steps_per_trial: int = DEFAULT_STEPS_PER_TRIAL
     trial_seconds: float = DEFAULT_TRIAL_SECONDS
+    # TensorFlow inter-op threads in the workers (0: TensorFlow's own pool); see worker.DEFAULT_INTER_OP_THREADS.
+    inter_op_threads: int = DEFAULT_INTER_OP_THREADS
     strategy: str = DEFAULT_STRATEGY
     worker_address_space_headroom_bytes: int | None = None
     # Sequence lengths (tokens) to probe a model with a variable sequence axis at: "64,128,256" or
@@ -114,6 +133,7 @@ class ProbeRequest:
             "max_batch_limit": self.max_batch_limit,
             "steps_per_trial": self.steps_per_trial,
             "trial_seconds": self.trial_seconds,
+            "inter_op_threads": self.inter_op_threads,
         }
         if seq_lens:
             settings["seq_lens"] = list(seq_lens)
@@ -140,6 +160,7 @@ class ProbeRequest:
             )
         if self.trial_seconds <= 0:
             raise UsageError(f"trial seconds must be positive, got {self.trial_seconds!r}")
+        checked_inter_op_threads(self.inter_op_threads, "--inter-op-threads")
         token_fit.parse_seq_lens(self.seq_lens)
 
 
@@ -157,7 +178,9 @@ def probe(
     `model` is a built-in name, "FILE.py:FUNCTION", a ".keras" path, or a Keras model object (saved
     to a temporary .keras file for the worker). `options` are ProbeRequest's fields, with its
     defaults: device, memory_budget, allow_overcommit, precision, optimizer, optimize, start, max_batch_limit,
-    multiple, headroom, steps_per_trial, trial_seconds, strategy, worker_address_space_headroom_bytes, seq_lens.
+    multiple, headroom, steps_per_trial, trial_seconds, inter_op_threads, strategy, worker_address_space_headroom_bytes,
+    seq_lens. The ceiling holds for training run with the same `inter_op_threads` (default 1, one
+    TensorFlow inter-op thread: set_inter_op_threads in edgebatch; device_profiles/README.md).
     A model with a variable sequence axis (transformer_tiny, lstm_small, your own with an input of
     shape (None,)) is probed per length: `seq_lens` ("64,128,256" or ints; a built-in's default is
     a ladder up to its longest length) and the profile's `per_length` and `token_model` (per_length.py).
@@ -200,7 +223,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
     facts = device_facts(device)
     budget_bytes, budget_source = resolve_budget(device, request.memory_budget, request.allow_overcommit)
     config = SearchConfig(
-        budget_bytes=fit_budget_bytes(budget_bytes),
+        budget_bytes=fit_budget_bytes(budget_bytes, request.inter_op_threads),
         start_batch=request.start,
         max_batch_limit=request.max_batch_limit,
         multiple=request.multiple,
@@ -215,6 +238,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         device=device,
         steps_per_trial=request.steps_per_trial,
         trial_seconds=request.trial_seconds,
+        inter_op_threads=request.inter_op_threads,
         address_space_headroom_bytes=request.worker_address_space_headroom_bytes,
         # The scout runs the first length a probe per length searches.
         sequence_length=token_fit.probe_order(lengths)[0] if lengths else None,
@@ -229,6 +253,11 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         # The worker says what its trials measure (worker.measure_of) and, on a GPU NVML does not
         # see, what TensorFlow calls it.
         measure = model_facts["measure"]
+        if model_facts.get("inter_op_threads") != setup.inter_op_threads:
+            raise ProbeError(
+                f"the probe's worker runs {model_facts.get('inter_op_threads')} TensorFlow inter-op threads where "
+                f"{setup.inter_op_threads} were asked for: its readings would not describe the setting the profile records"
+            )
         facts = with_worker_gpu_details(facts, model_facts.get("gpu"))
         _refuse_budget_below_baseline(budget_bytes, model_facts, measure, device)
         # What one-shot estimators start from: the worker's memory before any trial batch.
@@ -451,7 +480,7 @@ def _per_length_profile(request, name, device, facts: DeviceFacts, fingerprint, 
             f"no batch of {request.multiple} or more fits the budget of {format_bytes(budget_bytes)} on {device} "
             f"at {missing[0]} tokens: raise --memory-budget, probe shorter --seq-lens, or lower --multiple"
         )
-    fit_budget = fit_budget_bytes(budget_bytes)
+    fit_budget = fit_budget_bytes(budget_bytes, request.inter_op_threads)
     lengths_summary = per_length.summarise_lengths(by_length, fit_budget, request.headroom, request.multiple)
     longest = max(by_length)
     trials = [trial for length_trials, _ in by_length.values() for trial in length_trials]
@@ -469,7 +498,7 @@ def _build_profile(request, name, device, facts: DeviceFacts, fingerprint, key, 
                    budget_source, measure, trials, max_batch, probe_seconds, model=None, seq_lens=None) -> DeviceProfile:
     """The profile of `trials`; `model` (a probe per length: the line at its longest length) replaces their own."""
     model = model if model is not None else summary.memory_model_of(trials)
-    fit_budget = fit_budget_bytes(budget_bytes)
+    fit_budget = fit_budget_bytes(budget_bytes, request.inter_op_threads)
     # One reading of the trials for both: the safe batch stays under the search's answer and under
     # every failure that counts (summary.safe_batch_of), with no fallback of its own.
     safe = summary.safe_batch_of(trials, fit_budget, request.headroom, request.multiple, model, max_batch)

@@ -5,8 +5,9 @@ profile's file name (device fingerprint, which includes the memory limit that ap
 key); what is left is everything else that changes the answer:
 
 - the search settings: the batch limit, the multiple, the strategy, the steps and seconds a trial
-  runs, and the headroom (it decides `safe_batch`). `start` is left out: it changes where the
-  search begins, not where it ends. A profile that records no `search` settings (written by a
+  runs, TensorFlow's inter-op threads in the workers (a profile without the field was measured
+  with TensorFlow's own pool, 0), and the headroom (it decides `safe_batch`). `start` is left out:
+  it changes where the search begins, not where it ends. A profile that records no `search` settings (written by a
   version before they were recorded) is not reused.
 - the budget, explicit or default, within BUDGET_TOLERANCE_FRACTION. A default budget is the RAM
   available when the probe starts, which moves with whatever else runs; within 3% the profile's
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from edgebatch.threads import UNRECORDED_INTER_OP_THREADS
 from edgebatch.units import format_bytes
 
 BUDGET_TOLERANCE_FRACTION = 0.03
@@ -32,7 +34,10 @@ ANSWER_SETTINGS = {
     "trial_seconds": "--trial-seconds",
     # A probe per sequence length records its lengths (the model key holds them too).
     "seq_lens": "--seq-lens",
+    "inter_op_threads": "--inter-op-threads",
 }
+# What a setting was when a profile does not record it: written before the setting existed.
+UNRECORDED_SETTINGS = {"inter_op_threads": UNRECORDED_INTER_OP_THREADS}
 
 
 def reuse_problem(
@@ -48,7 +53,8 @@ def reuse_problem(
     if not cached_search:
         return "it records no search settings (written by an older edgebatch)"
     for name, option in ANSWER_SETTINGS.items():
-        cached, requested = cached_search.get(name), requested_search.get(name)
+        cached = cached_search.get(name, UNRECORDED_SETTINGS.get(name))
+        requested = requested_search.get(name)
         if cached != requested:
             return f"it was probed with {option} {cached}, this probe asks for {requested}"
     if abs(cached_headroom - requested_headroom) > 1e-9:

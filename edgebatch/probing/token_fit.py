@@ -161,12 +161,13 @@ def ceiling_at_length(
 def profile_ceiling_at_length(profile, length: int) -> LengthCeiling:
     """ceiling_at_length for a probe per length's DeviceProfile: its table, model, budget and headroom."""
     from edgebatch.probing.api import fit_budget_bytes
+    from edgebatch.threads import recorded_inter_op_threads
 
     return ceiling_at_length(
         length,
         per_length=profile.per_length,
         token_model=profile.token_model,
-        fit_budget_bytes=fit_budget_bytes(profile.budget_bytes),
+        fit_budget_bytes=fit_budget_bytes(profile.budget_bytes, recorded_inter_op_threads(profile.search)),
         headroom=profile.headroom,
         multiple=int(profile.search.get("multiple", 1)),
     )

@@ -78,6 +78,17 @@ def trial_deadline_seconds(trial_seconds: float, expected_step_seconds: float | 
 # A trial's defaults, owned here; ProbeRequest (and through it the CLI) reads them.
 DEFAULT_STEPS_PER_TRIAL = 3
 DEFAULT_TRIAL_SECONDS = 10.0
+# TensorFlow inter-op threads in a worker (0: TensorFlow's own pool, one thread per core). With its
+# own pool, independent ops of a step run side by side in an order that changes from step to step,
+# and the resident peak follows the worst overlap seen so far: it climbs in jumps of 20-260 MiB, as
+# late as the 26th step, differently in every process (transformer_tiny at 87 x 256 tokens: 1,547
+# MiB after one step, 1,589 and 1,653 after 30 in two processes; small_cnn at 300: 1,618 MiB). With
+# one inter-op thread the ops run one after another and the peak is the same in every step and
+# every process (1,474-1,475 and 1,354-1,355 MiB there; not always lower: dense_wide at 300 read
+# 1,541 MiB against the pool's 1,391), at the same step time on this machine kind
+# (device_profiles/README.md, "Bumps"; tools/op_schedule_check.py). A ceiling holds for training run with the same setting
+# (edgebatch.set_inter_op_threads).
+DEFAULT_INTER_OP_THREADS = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +106,8 @@ class WorkerSetup:
     prewarm_steps: int = 0
     # Tokens per example for a model with a variable sequence axis (a probe per length); None otherwise.
     sequence_length: int | None = None
+    # tf.config.threading's inter-op parallelism, set before the model is built (0: TensorFlow's pool).
+    inter_op_threads: int = DEFAULT_INTER_OP_THREADS
     # Cap the worker's address space at (its size after setup + this many bytes), so that an
     # over-budget allocation fails as a clean ResourceExhaustedError
     # (docs/tensorflow-memory.md#address-space-caps).
@@ -506,6 +519,8 @@ def worker_main() -> int:
     try:
         import tensorflow as tf
 
+        # Before anything runs: TensorFlow fixes its thread pools when its context starts.
+        tf.config.threading.set_inter_op_parallelism_threads(setup.inter_op_threads)
         from edgebatch.probing.trial import TrialRunner
         from edgebatch.sensors import enable_memory_growth
         from edgebatch.zoo import (
@@ -545,6 +560,8 @@ def worker_main() -> int:
             {
                 "ready": True,
                 "tensorflow": tf.__version__,
+                # What TensorFlow took (the probe checks it against what it asked for).
+                "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
                 "measure": measure_of(setup.device, baseline_device),
                 # Memory before any trial batch: what one-shot estimators (tools/bench) start from.
                 "baseline_process_bytes": process_rss_bytes(),

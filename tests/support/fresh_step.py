@@ -6,7 +6,7 @@ training does (see the optimizer below). Prints one JSON line:
 {"batch", "ok", "peak_bytes" (VmHWM), "error"}.
 
 usage: python fresh_step.py MODEL_SPEC BATCH STEPS [ADDRESS_SPACE_HEADROOM_BYTES] [--seq-len=TOKENS]
-                            [--precision=POLICY] [--optimize=qat|prune]
+                            [--precision=POLICY] [--optimize=qat|prune] [--inter-op-threads=N]
 
 --seq-len: a model with a variable sequence axis (input (None,)) trains on TOKENS tokens per example,
 every one a real token (ids from 1; 0 is padding), with the step traced for any length, as training
@@ -20,7 +20,10 @@ it with TFMOT (zoo.optimize_model), trained with tf_keras's Adam and loss. For p
 PruneLowMagnitude wrapper's pruning_step is set from -1 to 0 before the first step, as
 UpdatePruningStep.on_train_begin does (TFMOT 0.8's wrapper adds 1 in each training call and
 asserts the step is >= 1); no callback runs after that.
-Without these options the step is the one this file always ran (Keras 3, float32).
+--inter-op-threads: TensorFlow's inter-op threads (tf.config.threading), set before anything runs; the
+truth for a probe must run what the probe's workers ran (`edgebatch probe` uses 1 by default). Left out,
+TensorFlow keeps its own pool, whose peaks climb over many steps (device_profiles/README.md, "Bumps").
+Without these options the step is the one this file always ran (Keras 3, float32, TensorFlow's pool).
 """
 
 import json
@@ -50,11 +53,16 @@ def main():
     seq_len = None if seq_len is None else int(seq_len)
     precision = _option("--precision", "float32")
     optimize = _option("--optimize", "none")
-    args = [arg for arg in sys.argv if not arg.startswith(("--seq-len=", "--precision=", "--optimize="))]
+    inter_op_threads = _option("--inter-op-threads", None)
+    args = [arg for arg in sys.argv
+            if not arg.startswith(("--seq-len=", "--precision=", "--optimize=", "--inter-op-threads="))]
     spec, batch, steps = args[1], int(args[2]), int(args[3])
     headroom = int(args[4]) if len(args) > 4 else None
     import keras
     import tensorflow as tf
+
+    if inter_op_threads is not None:
+        tf.config.threading.set_inter_op_parallelism_threads(int(inter_op_threads))
 
     from edgebatch.zoo import (
         build_base_model,

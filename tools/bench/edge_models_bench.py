@@ -26,9 +26,10 @@ the first fresh failure above it and whether the two were narrowed to 1%, found/
 over the truth ceiling), and whether max_batch and safe_batch were safe: `yes` when the answer
 fitted in a fresh process or lies at or under a fresh fit, `NO` when it failed fresh or lies at or
 above a fresh failure (probe_truth.judge). The fresh peak at max_batch is given as a share of the
-budget: the probe's own limit is 0.975 x budget (a 2.5% measurement margin), so an answer a little
+budget: the probe's own limit is the budget less its measurement margin (0.99 x budget with one
+inter-op thread, the default; 0.975 in results made with TensorFlow's pool), so an answer a little
 under the truth is by design. The same checks are also read against that limit: the largest checked
-batch whose fresh peak is <= 0.975 x budget, below the smallest checked batch over it (shown in
+batch whose fresh peak is under it, below the smallest checked batch over it (shown in
 brackets). No check is run for it, so it is only as fine as the checks the truth search chose.
 
 The budget: 1.5 GiB resident by default. On this machine kind a fresh mobilenet_v2 process holds
@@ -79,6 +80,8 @@ from harness import (
     publish_section,
 )
 
+from edgebatch.probing.api import measurement_margin
+from edgebatch.probing.worker import DEFAULT_INTER_OP_THREADS
 from edgebatch.units import parse_size_bytes
 
 SECTION_START = "<!-- edge_models_bench:start -->"
@@ -92,7 +95,11 @@ VARIANTS = {
     "prune": ("float32", "prune"),
 }
 PROBE_TIMEOUT_SECONDS = 1800
-FIT_MARGIN = 0.975  # edgebatch.probing.api.MEASUREMENT_MARGIN: max_batch's peak must fit 0.975 x budget
+# max_batch's peak must fit this share of the budget (api.measurement_margin): 0.99 with the
+# probe's default one inter-op thread. A results file without `fit_limit_fraction` was made with
+# TensorFlow's pool, where it was 0.975.
+FIT_MARGIN = 1 - measurement_margin(DEFAULT_INTER_OP_THREADS)
+UNRECORDED_FIT_MARGIN = 0.975
 MIB = 1024**2
 
 
@@ -232,6 +239,7 @@ def run(model: str, budget_bytes: int, variants: list[str], repeats: int, truth_
         "command": "python tools/bench/edge_models_bench.py " + " ".join(sys.argv[1:]),
         "model": model,
         "budget_bytes": budget_bytes,
+        "fit_limit_fraction": FIT_MARGIN,
         "repeats": repeats,
         "jobs": jobs,
         "truth_seconds": truth_seconds,
@@ -257,11 +265,11 @@ def _value(values: list, fmt: str = "{}") -> str:
     return f"{fmt.format(middle)} [{fmt.format(present[0])}-{fmt.format(present[-1])}]"
 
 
-def fit_limit_truth(checks: list[dict], budget_bytes: int) -> tuple[int | None, int | None]:
-    """From the same fresh checks, judged against the probe's own limit (0.975 x budget, the 2.5%
+def fit_limit_truth(checks: list[dict], budget_bytes: int, fraction: float = FIT_MARGIN) -> tuple[int | None, int | None]:
+    """From the same fresh checks, judged against the probe's own limit (`fraction` x budget, the
     measurement margin max_batch is defined by): the largest checked batch whose fresh peak is under
     it, below the smallest checked batch that ran over it or failed, and that batch."""
-    limit = FIT_MARGIN * budget_bytes
+    limit = fraction * budget_bytes
     over = [c["batch"] for c in checks if not c["ran"] or c["peak_bytes"] is None or c["peak_bytes"] > limit]
     first_over = min(over, default=None)
     under = [c["batch"] for c in checks if c["ran"] and c["peak_bytes"] is not None and c["peak_bytes"] <= limit
@@ -281,6 +289,7 @@ def _safe(judged: list[dict]) -> str:
 def markdown(data: dict) -> str:
     env = data["environment"]
     budget = data["budget_bytes"]
+    fraction = data.get("fit_limit_fraction", UNRECORDED_FIT_MARGIN)
     lines = [
         SECTION_START,
         "## Models prepared for the edge (issue 15, item 4): mobilenet_v2 ceilings against fresh processes",
@@ -298,7 +307,7 @@ def markdown(data: dict) -> str:
          "variant(s) at a time, so probe seconds include sharing the 2 cores."),
         "",
         ("| variant | max_batch | safe_batch | trials (failed, fresh) | probe s | per-sample MiB | fixed MiB | "
-         "truth ceiling | first fresh failure | found/true | fresh fit under 0.975 x budget (next over) | "
+         f"truth ceiling | first fresh failure | found/true | fresh fit under {fraction:g} x budget (next over) | "
          "fresh peak at max_batch / budget | max_batch safe | safe_batch safe |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -318,7 +327,7 @@ def markdown(data: dict) -> str:
         trials = _value([p["trials"] for p in probes])
         failed = _value([p["failed_trials"] for p in probes])
         fresh = _value([p["fresh_trials"] for p in probes])
-        under_limit, over_limit = fit_limit_truth(truth.get("checks", []), budget)
+        under_limit, over_limit = fit_limit_truth(truth.get("checks", []), budget, fraction)
         at_limit = "-" if under_limit is None else f"{under_limit} ({over_limit if over_limit is not None else '-'})"
         peak_share = [p["fresh_peak_at_max_bytes"] / budget if p.get("fresh_peak_at_max_bytes") else None for p in probes]
         lines.append(
@@ -367,6 +376,7 @@ def markdown(data: dict) -> str:
 
 def reading(data: dict) -> list[str]:
     """Plain comparisons against float32, from the numbers above (no judgement beyond them)."""
+    fraction = data.get("fit_limit_fraction", UNRECORDED_FIT_MARGIN)
     rows = {row["variant"]: [p for p in row["probes"] if "error" not in p] for row in data["variants"]}
     base = rows.get("float32") or []
     if not base or not base[0].get("per_sample_bytes"):
@@ -398,14 +408,14 @@ def reading(data: dict) -> list[str]:
     at_limit = []
     for row in data["variants"]:
         probes = rows[row["variant"]]
-        under, _ = fit_limit_truth((row["truth"] or {}).get("checks", []), data["budget_bytes"])
+        under, _ = fit_limit_truth((row["truth"] or {}).get("checks", []), data["budget_bytes"], fraction)
         if probes and under:
             at_limit.append(f"{row['variant']} {probes[0]['max_batch']}/{under} = {probes[0]['max_batch'] / under:.3f}")
     if at_limit:
         lines += ["", "How to read found/true: the truth ceiling is judged at the budget, while max_batch is defined "
-                  "at 0.975 x budget, and a probe's fresh worker may read a batch higher than a new process does "
+                  f"at {fraction:g} x budget, and a probe's fresh worker may read a batch higher than a new process does "
                   "(the line above), so an answer below the truth ceiling is the safe side by design. Against the "
-                  "largest checked fresh fit under 0.975 x budget instead, max_batch is: " + "; ".join(at_limit) + "."]
+                  f"largest checked fresh fit under {fraction:g} x budget instead, max_batch is: " + "; ".join(at_limit) + "."]
     return lines
 
 

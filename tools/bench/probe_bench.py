@@ -155,6 +155,8 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         "skipped": len(trials) - len(measured),
         "workers_started": workers.appended,
         "fork_server": forked,
+        # TensorFlow inter-op threads in the workers; the truth's fresh processes run the same (probe_truth.py).
+        "inter_op_threads": setup.inter_op_threads,
         "baseline_bytes": baseline,
         "budget_bytes": budget,
         "trial_log": [

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from harness import ROOT, log, run_child
+from edgebatch.probing.worker import DEFAULT_INTER_OP_THREADS
 
 FRESH_STEP = ROOT / "tests" / "support" / "fresh_step.py"
 TRUTH_STEPS = 10  # docs/tensorflow-memory.md: the resident peak climbs for 5-11 steps
@@ -28,14 +29,16 @@ PARALLEL_CHECKS = 2
 
 
 def fresh_check(model_spec: str, batch: int, budget_bytes: int | None, headroom_bytes: int | None,
-                seq_len: int | None = None, precision: str = "float32", optimize: str = "none") -> dict:
+                seq_len: int | None = None, precision: str = "float32", optimize: str = "none",
+                inter_op_threads: int = DEFAULT_INTER_OP_THREADS) -> dict:
     """One fresh-process run at `batch`: fits = it ran (and, with a budget, its peak fit the budget).
 
     `seq_len`: tokens per example for a model with a variable sequence axis. `precision` (a Keras
     mixed-precision policy) and `optimize` ("qat" or "prune": TFMOT-wrapped, tf_keras) are passed
-    to fresh_step.py only when they differ from the defaults.
+    to fresh_step.py only when they differ from the defaults. `inter_op_threads`: TensorFlow's
+    inter-op threads, always passed: the truth runs what the probe's workers run (default 1).
     """
-    args = [str(FRESH_STEP), model_spec, str(batch), str(TRUTH_STEPS)]
+    args = [str(FRESH_STEP), model_spec, str(batch), str(TRUTH_STEPS), f"--inter-op-threads={inter_op_threads}"]
     if headroom_bytes is not None:
         args.append(str(headroom_bytes))
     if seq_len is not None:

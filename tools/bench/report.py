@@ -170,6 +170,13 @@ def probe_lines(section: dict) -> list[str]:
                           frozenset({False}): "Fresh workers started as new processes, as `edgebatch probe` starts them "
                                                "with this budget (no room for a fork server beside it)."}
                          .get(frozenset(forked), "Fresh workers: some runs forked them from a fork server, some did not."))
+        threads = {run.get("inter_op_threads") for method in scenario["runs"].values() for run in method}
+        if threads == {None}:
+            lines.append("Workers and truth ran TensorFlow's own inter-op pool (results from before the setting existed).")
+        elif len(threads) == 1:
+            (count,) = threads
+            lines.append(f"Workers and the truth's fresh processes ran {count or 'the pool of'} TensorFlow inter-op "
+                         f"thread{'s' if count != 1 else ''} (`--inter-op-threads {count}`).")
         planned = f"{scenario.get('repeats', '-')} run(s) per method planned."
         if bracket is None:
             lines.append(f"{planned} True ceiling: not measured (no time left for fresh processes).")

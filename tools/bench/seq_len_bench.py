@@ -9,8 +9,9 @@ new process per batch).
 
 Two truths per length, from the same fresh checks (each check's peak is compared with both):
 - at the budget itself: the largest batch whose fresh peak fits the budget;
-- at the probe's fitting limit, 0.975 x budget (api.MEASUREMENT_MARGIN): the limit `max_batch` is
-  defined by (device_profiles/README.md: its peak must fit the budget with a 2.5% margin).
+- at the probe's fitting limit, the budget less the measurement margin (api.fit_budget_bytes: 0.99 x
+  budget with one inter-op thread, the default): the limit `max_batch` is defined by
+  (device_profiles/README.md).
 Against the first, the margin alone costs 0.025 x budget / (budget - fixed) of the batch (about 5%
 at 1.5 GiB, where the process holds ~750 MiB before any batch), so both are reported.
 
@@ -115,6 +116,8 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
         "budget_bytes": budget_bytes,
         "fit_limit_bytes": limit,
         "trial_seconds": trial_seconds,
+        # The probe's workers and the truth's fresh processes (probe_truth.fresh_check) alike.
+        "inter_op_threads": profile.search.get("inter_op_threads"),
         "probe_lens": list(probe_lens),
         "predict_lens": list(predict_lens),
         "probe_seconds": round(probe_seconds, 1),
@@ -152,8 +155,11 @@ def markdown(data: dict) -> str:
         f"{data['budget_bytes'] / mib:.0f} MiB resident budget (`--trial-seconds {data['trial_seconds']:g}`), in "
         f"{data['probe_seconds']:.0f} s; lengths {', '.join(map(str, data['predict_lens']))} were not probed and are "
         "the token model's predictions. Truth: fresh processes (tests/support/fresh_step.py --seq-len, 10 steps), "
-        f"at the budget and at the probe's fitting limit ({data['fit_limit_bytes'] / mib:.0f} MiB, 0.975 x budget, "
-        "the limit max_batch is defined by). Produced by `python tools/bench/seq_len_bench.py`.",
+        f"at the budget and at the probe's fitting limit ({data['fit_limit_bytes'] / mib:.0f} MiB, {data['fit_limit_bytes'] / data['budget_bytes']:.3f} x budget, "
+        "the limit max_batch is defined by). "
+        + (f"Workers and truth ran {data['inter_op_threads']} TensorFlow inter-op thread(s) (`--inter-op-threads`). "
+           if data.get("inter_op_threads") else "Workers and truth ran TensorFlow's own inter-op pool. ")
+        + "Produced by `python tools/bench/seq_len_bench.py`.",
         "",
     ]
     if model:
