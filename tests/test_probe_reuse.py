@@ -74,6 +74,13 @@ def test_a_profile_without_recorded_settings_is_not_reused():
     assert "no search settings" in problem(search={})
 
 
+def test_the_measurement_margin_is_one_percent_with_one_inter_op_thread_and_2_5_with_the_pool():
+    from edgebatch.probing.api import fit_budget_bytes
+
+    assert fit_budget_bytes(1_000_000) == fit_budget_bytes(1_000_000, 1) == 990_000
+    assert fit_budget_bytes(1_000_000, 0) == fit_budget_bytes(1_000_000, 4) == 975_000
+
+
 def test_a_profile_from_before_inter_op_threads_were_recorded_counts_as_tensorflows_pool():
     older = {key: value for key, value in SEARCH.items() if key != "inter_op_threads"}
     assert SEARCH["inter_op_threads"] == 1, "the probe's default: one inter-op thread"

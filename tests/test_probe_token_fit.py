@@ -120,3 +120,8 @@ def test_a_profiles_ceiling_at_any_length_uses_its_budget_margin_and_headroom():
     assert token_fit.profile_ceiling_at_length(profile, 64) == LengthCeiling(300, 270, 1900 * MIB)
     predicted = token_fit.profile_ceiling_at_length(profile, 256)
     assert predicted.max_batch == model.batch_for_bytes(2048 * MIB * 0.975, 256) and not predicted.measured
+    # Probed with one inter-op thread (the default now): the margin is 1%, not the pool's 2.5%.
+    one_thread = make_profile(per_length={64: LengthCeiling(300, 270, 1900 * MIB)}, token_model=model,
+                              budget_bytes=2048 * MIB, headroom=0.1, search={"inter_op_threads": 1})
+    assert token_fit.profile_ceiling_at_length(one_thread, 256).max_batch == model.batch_for_bytes(2048 * MIB * 0.99, 256)
+    assert model.batch_for_bytes(2048 * MIB * 0.99, 256) > predicted.max_batch
