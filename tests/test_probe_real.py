@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from edgebatch.probing import probe
-from edgebatch.probing.search import BUMP_EDGE_FRACTION
+from edgebatch.probing.api import bump_edge_fraction
 from edgebatch.probing.worker import DEFAULT_INTER_OP_THREADS
 
 HERE = Path(__file__).parent
@@ -98,12 +98,13 @@ def test_profile_is_coherent(small_cnn_profile):
     fitted = [t for t in profile.trials if t.ok]
     assert all(t.peak_bytes <= SMALL_CNN_BUDGET for t in fitted)
     assert profile.max_batch in {t.batch for t in fitted}
-    # A fit above the answer is only one the answer keeps clear of: within BUMP_EDGE_FRACTION under a
-    # bump that stands above it (search._clear_of_bump).
+    # A fit above the answer is only one the answer keeps clear of: within the bump edge fraction
+    # under a bump that stands above it (search._clear_of_bump; none with one inter-op thread).
+    edge_fraction = bump_edge_fraction(profile.search["inter_op_threads"])
     above = [t.batch for t in fitted if t.batch > profile.max_batch]
     if above:
         bump = min(t.batch for t in profile.trials if not t.ok and t.batch > profile.max_batch)
-        assert profile.max_batch == max(t.batch for t in fitted if t.batch <= bump * (1 - BUMP_EDGE_FRACTION))
+        assert profile.max_batch == max(t.batch for t in fitted if t.batch <= bump * (1 - edge_fraction))
     assert profile.throughput_knee in {t.batch for t in fitted}
     assert all(t.steady for t in fitted), "small_cnn's steps take well under trial_seconds: steady timings"
 

@@ -352,6 +352,21 @@ def test_a_bump_above_the_line_is_looked_past():
     assert len(runs(steps)) <= 8
 
 
+def test_with_no_bump_edge_fraction_the_answer_is_the_largest_fit_under_a_bump_that_stands():
+    # One inter-op thread (api.bump_edge_fraction): where the step begins is the same in every
+    # process, so nothing is kept below it beyond the measurement margin.
+    line = linear(740, 2.5)
+    peak = lambda batch: line(batch) + (80 * MIB if batch >= 300 else 0)  # noqa: E731
+    config = SearchConfig(budget_bytes=1536 * MIB, bump_edge_fraction=0.0)
+    answer, steps = simulate(config, peak)
+    truth = max(b for b in range(1, 300) if peak(b) <= config.budget_bytes)
+    print(f"edge {truth}; found {answer}; runs {runs(steps)}")
+    assert int(300 * (1 - BUMP_EDGE_FRACTION)) < answer <= truth
+    assert answer >= 0.98 * truth
+    with pytest.raises(UsageError, match="bump_edge_fraction must be in"):
+        SearchConfig(budget_bytes=1536 * MIB, bump_edge_fraction=1.0)
+
+
 def test_a_step_up_that_persists_above_the_failure_is_the_ceiling():
     # From 300 up every batch reads 80 MiB high: the confirming trials above fail too, and the
     # search answers below 300.

@@ -22,7 +22,7 @@ from edgebatch.errors import ProbeError, UsageError
 from edgebatch.probing import per_length, summary, token_fit
 from edgebatch.probing.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
 from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
-from edgebatch.probing.outcomes import DEFAULT_MAX_BATCH_LIMIT, DEFAULT_START_BATCH, DEFAULT_STRATEGY
+from edgebatch.probing.outcomes import BUMP_EDGE_FRACTION, DEFAULT_MAX_BATCH_LIMIT, DEFAULT_START_BATCH, DEFAULT_STRATEGY
 from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
 from edgebatch.probing.worker import (
     BASELINE_FIELDS,
@@ -70,6 +70,17 @@ MEASUREMENT_MARGIN_ONE_THREAD = 0.01
 def measurement_margin(inter_op_threads: int) -> float:
     """The share of the budget a trial's peak must stay under it by, for workers run with `inter_op_threads`."""
     return MEASUREMENT_MARGIN_ONE_THREAD if inter_op_threads == 1 else MEASUREMENT_MARGIN
+
+
+def bump_edge_fraction(inter_op_threads: int) -> float:
+    """How far slow_start's answer keeps below a bump that stands (SearchConfig.bump_edge_fraction).
+
+    With TensorFlow's pool the batch where a bump begins moves between processes, so the answer
+    keeps outcomes.BUMP_EDGE_FRACTION below it. With one inter-op thread it stays put: small_cnn's
+    cliff read 1,392.5 MiB at 327 in two fresh processes and 1,557.3-1,558.4 MiB at 328 in three,
+    and the probe's workers failed 328 too, so the largest fit under the bump is the answer.
+    """
+    return 0.0 if inter_op_threads == 1 else BUMP_EDGE_FRACTION
 
 
 def fit_budget_bytes(budget_bytes: int, inter_op_threads: int = DEFAULT_INTER_OP_THREADS) -> int:
@@ -229,6 +240,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         multiple=request.multiple,
         strategy=request.strategy,
         refuse_predicted_over_budget=facts.kind == "CPU",
+        bump_edge_fraction=bump_edge_fraction(request.inter_op_threads),
     )
     setup = WorkerSetup(
         model_spec=spec.text,

@@ -29,6 +29,14 @@ STRATEGIES = ("slow_start", "binsearch", "power", "shrink_x0.9", "shrink_x0.5", 
 DEFAULT_START_BATCH = 8
 DEFAULT_MAX_BATCH_LIMIT = 4096
 DEFAULT_STRATEGY = "slow_start"
+# slow_start: an answer keeps this far below a bump that bounds it (a failure that reads above the
+# line by more than the noise, and that nothing above contradicted), when where the bump begins
+# moves from one process to the next, as it does with TensorFlow's inter-op pool. small_cnn on an
+# AVX-512 Xeon: probe workers read 1,429 MiB at 282 and 1,572 MiB at 283, and fresh_step.py read
+# 1,416 MiB at 282 in 4 processes of 5 and 1,556 MiB in the fifth, over a 1536 MiB budget
+# (device_profiles/README.md, "Bumps"). 3% is 8 samples there. With one inter-op thread the edge
+# stays put (api.bump_edge_fraction).
+BUMP_EDGE_FRACTION = 0.03
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,8 @@ class SearchConfig:
     # model at this length, probing/token_fit.py). The search starts just under its ceiling, in
     # fresh workers, and steers by it turned through this search's own readings (search.py).
     prior_model: MemoryModel | None = None
+    # slow_start only: how far the answer keeps below a bump that stands (search._clear_of_bump).
+    bump_edge_fraction: float = BUMP_EDGE_FRACTION
 
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:
@@ -69,6 +79,8 @@ class SearchConfig:
             raise UsageError(
                 f"--max-batch-limit {self.max_batch_limit!r} is below --multiple {self.multiple!r}: no batch is allowed"
             )
+        if not 0 <= self.bump_edge_fraction < 1:
+            raise UsageError(f"bump_edge_fraction must be in [0, 1), got {self.bump_edge_fraction!r}")
         if not 0 < self.tolerance < 1:
             raise UsageError(f"tolerance must be in (0, 1), got {self.tolerance!r}")
         if self.strategy not in STRATEGIES:

@@ -32,8 +32,8 @@ Strategies:
   (memory_fit.bump_excess_bytes) while the line puts it within the budget is a bump, not the
   ceiling: before answering, up to two fresh trials higher up look past it (_confirm_above_bump).
   If one fits, the bump is contradicted and the search goes on above it; if they fail too, the
-  bump stands as the ceiling, and the answer keeps BUMP_EDGE_FRACTION below it (_clear_of_bump):
-  where a bump begins differs between processes.
+  bump stands as the ceiling, and the answer keeps config.bump_edge_fraction below it
+  (_clear_of_bump): with TensorFlow's inter-op pool, where a bump begins differs between processes.
 - `binsearch`: plain doubling, then midpoint bisection (Lightning's binsearch). The baseline the
   slow start is measured against.
 - `power`: plain doubling until the first failure; answer the last fit (Lightning's power).
@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from edgebatch.probing import baselines
 from edgebatch.probing.memory_fit import bump_excess_bytes, memory_model_of, prior_through_readings
 from edgebatch.probing.outcomes import (
+    BUMP_EDGE_FRACTION,
     STRATEGIES,
     Done,
     Outcome,
@@ -62,19 +63,15 @@ from edgebatch.profiles.model import MemoryModel
 
 # Fresh trials above one bump before it is taken as the ceiling (see _confirm_above_bump).
 BUMP_CONFIRMATIONS = 2
-# An answer keeps this far below a bump that bounds it (a failure that reads above the line by more
-# than the noise, and that nothing above contradicted): where the bump begins moves from one process
-# to the next. small_cnn on an AVX-512 Xeon: probe workers read 1,429 MiB at 282 and 1,572 MiB at
-# 283, and fresh_step.py read 1,416 MiB at 282 in 4 processes of 5 and 1,556 MiB in the fifth, over
-# a 1536 MiB budget (device_profiles/README.md, "Bumps"). 3% is 8 samples there.
-BUMP_EDGE_FRACTION = 0.03
+# How far an answer keeps below a bump that bounds it: SearchConfig.bump_edge_fraction, whose
+# default (BUMP_EDGE_FRACTION, 3%) and reasons live in outcomes.py.
 # The widest bump measured, as a share of its batch: small_cnn under 1.5 GiB read high from 292
 # to 308 and low again at 320 in the probe's workers, high at 290-300 and low at 280 and 310 in
 # fresh processes (device_profiles/README.md).
 BUMP_WIDTH_FRACTION = 0.10
 
 __all__ = [
-    "STRATEGIES", "Done", "Outcome", "Run", "SearchConfig", "Skip", "Step", "first_batch", "next_step", "round_down",
+    "BUMP_EDGE_FRACTION", "STRATEGIES", "Done", "Outcome", "Run", "SearchConfig", "Skip", "Step", "first_batch", "next_step", "round_down",
     "usable_model",
 ]
 
@@ -132,7 +129,7 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
 
 def _clear_of_bump(config: SearchConfig, outcomes: Sequence[Outcome], done: Done, hi: int | None,
                    model: MemoryModel) -> Step:
-    """The answer moved BUMP_EDGE_FRACTION below the failure `hi` when `hi` is a bump (its reading
+    """The answer moved config.bump_edge_fraction below the failure `hi` when `hi` is a bump (its reading
     sits above the line by more than the noise): a fresh trial there first, then the largest fit at
     or under it. Otherwise `done` as it is."""
     if done.max_batch is None or hi is None:
@@ -140,7 +137,7 @@ def _clear_of_bump(config: SearchConfig, outcomes: Sequence[Outcome], done: Done
     readings = [o.peak_bytes for o in outcomes if o.batch == hi and o.reading]
     if not readings or bump_excess_bytes(model, readings_of(outcomes), hi, min(readings)) <= 0:
         return done
-    guard = round_down(hi * (1 - BUMP_EDGE_FRACTION), config.multiple)
+    guard = round_down(hi * (1 - config.bump_edge_fraction), config.multiple)
     if done.max_batch <= guard:
         return done
     best = max((o.batch for o in outcomes if o.fits(config.budget_bytes) and o.batch <= guard), default=0)

@@ -125,7 +125,7 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         config = SearchConfig(
             budget_bytes=api.fit_budget_bytes(budget), start_batch=start_batch,
             max_batch_limit=scenario.max_batch_limit, strategy=strategy, refuse_predicted_over_budget=True,
-            baseline_bytes=baseline,
+            baseline_bytes=baseline, bump_edge_fraction=api.bump_edge_fraction(setup.inter_op_threads),
         )
         # Fresh workers as `edgebatch probe` starts them: forked from a fork server where the device
         # has room for one beside the budget (api._FreshWorkers), else new processes. Every method
