@@ -7,8 +7,8 @@ key); what is left is everything else that changes the answer:
 - the search settings: the batch limit, the multiple, the strategy, the steps and seconds a trial
   runs, TensorFlow's inter-op threads in the workers (a profile without the field was measured
   with TensorFlow's own pool, 0), and the headroom (it decides `safe_batch`). `start` is left out:
-  it changes where the search begins, not where it ends. A profile that records no `search` settings (written by a
-  version before they were recorded) is not reused.
+  it changes where the search begins, not where it ends. A profile that records no `search`
+  settings (written by a version before they were recorded) is not reused.
 - the budget, explicit or default, within BUDGET_TOLERANCE_FRACTION. A default budget is the RAM
   available when the probe starts, which moves with whatever else runs; within 3% the profile's
   trials still bracket the answer (fresh processes differ by 1-2% in peak memory anyway, see
