@@ -123,7 +123,7 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         # What api.run_probe passes on CPU: a trial fits under the budget less the measurement
         # margin (api.fit_budget_bytes), for every method alike.
         config = SearchConfig(
-            budget_bytes=api.fit_budget_bytes(budget), start_batch=start_batch,
+            budget_bytes=api.fit_budget_bytes(budget, setup.inter_op_threads), start_batch=start_batch,
             max_batch_limit=scenario.max_batch_limit, strategy=strategy, refuse_predicted_over_budget=True,
             baseline_bytes=baseline, bump_edge_fraction=api.bump_edge_fraction(setup.inter_op_threads),
         )
