@@ -10,6 +10,9 @@ worker's reading) and once with smaller batches before it (a reused worker's) an
     python tools/reused_worker_check.py small_cnn 8,16,32,300
     python tools/reused_worker_check.py tests/models/dense_wide.py:build 8,16,32,300 --trim
     python tools/reused_worker_check.py small_cnn 310 --prewarm-batch 1   # 0: no prewarm
+    python tools/reused_worker_check.py small_cnn 310,320 --inter-op-threads 0   # TensorFlow's pool
+
+It runs one inter-op thread by default, as the probe's workers do (--inter-op-threads).
 
 `--trim` calls glibc's malloc_trim(0) before each trial (it gave nothing back when measured).
 """
@@ -36,8 +39,14 @@ def main() -> None:
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) before each trial")
     parser.add_argument("--prewarm-batch", type=int, default=PREWARM_BATCH,
                         help=f"the prewarm's batch (default {PREWARM_BATCH}, the probe's start batch); 0: no prewarm")
+    parser.add_argument("--inter-op-threads", type=int, default=1,
+                        help="TensorFlow's inter-op threads, as the probe's --inter-op-threads (0: its own pool)")
     args = parser.parse_args()
     batches = [int(batch) for batch in args.batches.split(",")]
+
+    from edgebatch.threads import set_inter_op_threads
+
+    set_inter_op_threads(args.inter_op_threads)
 
     from edgebatch.probing.api import PREWARM_STEPS
     from edgebatch.probing.trial import TrialRunner
@@ -58,7 +67,8 @@ def main() -> None:
         trials.append({"batch": batch, "resident_before_mib": round(before / MIB, 1),
                        "peak_mib": round(result["process_peak_bytes"] / MIB, 1) if result["ok"] else None,
                        "error": result.get("error")})
-    print(json.dumps({"model": args.model, "trim": args.trim, "trials": trials}))
+    print(json.dumps({"model": args.model, "trim": args.trim, "inter_op_threads": args.inter_op_threads,
+                      "trials": trials}))
 
 
 if __name__ == "__main__":

@@ -345,7 +345,7 @@ def write_markdown(results: dict, path: Path, plots_dir: Path) -> None:
     env, mode = results["environment"], results["mode"]
     sections = results.get("sections", {})
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
-    relative = plots_dir.relative_to(path.parent)
+    relative = plots_dir.resolve().relative_to(path.resolve().parent)
     lines = [
         "# Benchmarks",
         "",
