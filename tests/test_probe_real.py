@@ -67,7 +67,23 @@ def true_ceiling_above(spec, known_fit, budget_bytes, address_space_headroom=Non
 
 
 @pytest.fixture(scope="module")
-def small_cnn_profile(tmp_path_factory):
+def one_malloc_arena():
+    """glibc keeps one malloc arena in this module's probe workers and truth processes (they inherit it).
+
+    With glibc's default, arenas are made as threads happen to contend, and on an AMD EPYC host
+    small_cnn's resident peak at one batch took one of two values at random: fresh processes at
+    324 read 1,427 MiB in 3 of 4 and 1,549 MiB (over the 1.5 GiB budget) in the fourth, also with
+    address randomisation off; with MALLOC_ARENA_MAX=1 six of six read 1,424.6-1,424.8 MiB. A
+    truth that changes between processes makes "never above the truth" a coin toss. With one arena
+    both sides are one process's; the band from 328 to 399 stays (330 read 1,600 MiB).
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MALLOC_ARENA_MAX", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
+def small_cnn_profile(tmp_path_factory, one_malloc_arena):
     lines = []
     profile = probe(
         "small_cnn",

@@ -15,8 +15,9 @@ Example (dense_wide, 300 MiB: the benchmark's capped scenario):
 
 prints, per order and batch, how many runs finished, and how the others ended (a clean
 ResourceExhaustedError, or an abort such as std::bad_alloc). Runs with MALLOC_ARENA_MAX=2 and
-CUDA hidden, as the probe's capped workers and the truth processes do. Imports no TensorFlow
-itself.
+CUDA hidden, as the probe's capped workers and the truth processes do, and with one TensorFlow
+inter-op thread unless --inter-op-threads says otherwise (0: TensorFlow's own pool). Imports no
+TensorFlow itself.
 """
 
 from __future__ import annotations
@@ -63,9 +64,11 @@ print("RESULT ok", flush=True)
 """ % {"prewarm_batch": PREWARM_BATCH, "prewarm_steps": PREWARM_STEPS, "trial_steps": TRIAL_STEPS}
 
 
-def run_once(spec: str, batch: int, order: str, headroom_bytes: int) -> str:
+def run_once(spec: str, batch: int, order: str, headroom_bytes: int, inter_op_threads: int = 1) -> str:
     env = dict(os.environ, PYTHONPATH=str(ROOT), MALLOC_ARENA_MAX="2", CUDA_VISIBLE_DEVICES="-1",
                TF_CPP_MIN_LOG_LEVEL="2")
+    if inter_op_threads:
+        env["TF_NUM_INTEROP_THREADS"] = str(inter_op_threads)
     done = subprocess.run([sys.executable, "-c", CHILD, spec, str(batch), order, str(headroom_bytes)],
                           env=env, capture_output=True, text=True, timeout=600)
     results = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -91,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--headroom-mib", type=int, default=300, help="address space allowed over the size at the cap")
     parser.add_argument("--batches", type=positive_ints, default=[110, 128, 129], help="comma-separated batches")
     parser.add_argument("--runs", type=int, default=4, help="processes per order and batch")
+    parser.add_argument("--inter-op-threads", type=int, default=1, help="TensorFlow's inter-op threads (0: its own pool)")
     parser.add_argument("--orders", default=",".join(ORDERS), help=f"comma-separated of {', '.join(ORDERS)}")
     args = parser.parse_args(argv)
     orders = [order.strip() for order in args.orders.split(",") if order.strip()]
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for order in orders:
         for batch in args.batches:
             outcomes = collections.Counter(
-                run_once(args.model, batch, order, args.headroom_mib * 2**20) for _ in range(args.runs)
+                run_once(args.model, batch, order, args.headroom_mib * 2**20, args.inter_op_threads) for _ in range(args.runs)
             )
             rest = ", ".join(f"{what} x{count}" for what, count in sorted(outcomes.items()) if what != "ok")
             print(f"{order:<17} batch {batch:>6}: ok {outcomes['ok']}/{args.runs}" + (f"; {rest}" if rest else ""),

@@ -4,13 +4,14 @@ The probe's fresh workers run a few steps at a small batch before their trial (a
 batch 8), because with TensorFlow's inter-op pool the resident peak climbed over the first steps.
 With one inter-op thread the peak is final in the first step (docs/tensorflow-memory.md, "Inter-op
 threads"), and the prewarm lifts the reading over a process without one. This runs, for each case,
-REPEATS of three arms, alternating: a fork-server worker with the prewarm (what the probe runs),
-one without, and an independent fresh process (tests/support/fresh_step.py, the probe tests'
-truth), all with one inter-op thread and the probe's trial (worker.py). Prints each peak, the
-medians and each arm's median against the fresh process's.
+REPEATS of these arms, alternating: a fork-server worker after a prewarm at each batch of
+--prewarm-batches (0: none; the probe's is 8, its start batch), and an independent fresh process
+(tests/support/fresh_step.py, the probe tests' truth), all with one inter-op thread and the probe's
+trial (worker.py). Prints each peak, the medians and each arm's median against the fresh process's.
 
     python tools/prewarm_check.py                                   # the cases below, 3 repeats
     python tools/prewarm_check.py --case small_cnn:320 --repeats 5 --out prewarm.json
+    python tools/prewarm_check.py --case text_cnn:688 --prewarm-batches 0,4,8
 """
 
 from __future__ import annotations
@@ -50,14 +51,13 @@ def fresh_peak(model: str, batch: int, tokens: int | None) -> int | None:
     return json.loads(lines[-1]).get("peak_bytes") if lines else None
 
 
-def worker_peak(server, model: str, batch: int, tokens: int | None, prewarm: bool) -> int | None:
+def worker_peak(server, model: str, batch: int, tokens: int | None, prewarm_batch: int) -> int | None:
     from edgebatch.probing.api import PREWARM_STEPS
-    from edgebatch.probing.outcomes import DEFAULT_START_BATCH
     from edgebatch.probing.worker import WorkerSetup, start_worker
 
     setup = WorkerSetup(model_spec=model, sequence_length=tokens, inter_op_threads=1,
-                        prewarm_batch=min(DEFAULT_START_BATCH, batch // 2) if prewarm else None,
-                        prewarm_steps=PREWARM_STEPS if prewarm else 0)
+                        prewarm_batch=min(prewarm_batch, batch // 2) or None,
+                        prewarm_steps=PREWARM_STEPS if prewarm_batch else 0)
     worker = start_worker(setup, server=server)
     try:
         reply = worker.run_trial(batch)
@@ -67,12 +67,14 @@ def worker_peak(server, model: str, batch: int, tokens: int | None, prewarm: boo
 
 
 def main() -> None:
+    from edgebatch.probing.api import PREWARM_STEPS
     from edgebatch.probing.forkserver import ForkServer
     from edgebatch.probing.worker import worker_environment
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", action="append", help="MODEL:BATCH[:TOKENS]; repeatable")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prewarm-batches", default="0,8", help="comma-separated prewarm batches, 0: no prewarm")
     parser.add_argument("--out", help="write the readings as JSON here")
     args = parser.parse_args()
     server = ForkServer(worker_environment("CPU:0"))
@@ -80,11 +82,12 @@ def main() -> None:
     try:
         for case in args.case or DEFAULT_CASES:
             model, batch, tokens = parse_case(case)
-            arms: dict[str, list[int]] = {"prewarm": [], "no_prewarm": [], "fresh": []}
+            prewarms = [int(text) for text in args.prewarm_batches.split(",")]
+            arms: dict[str, list[int]] = {f"prewarm_{p}": [] for p in prewarms} | {"fresh": []}
             for _ in range(args.repeats):
                 for arm in arms:
                     peak = (fresh_peak(model, batch, tokens) if arm == "fresh"
-                            else worker_peak(server, model, batch, tokens, prewarm=arm == "prewarm"))
+                            else worker_peak(server, model, batch, tokens, int(arm.split("_")[1])))
                     if peak is not None:
                         arms[arm].append(peak)
                     print(f"{case} {arm:>10}: {'-' if peak is None else f'{peak / MIB:.1f} MiB'}", flush=True)
@@ -96,7 +99,7 @@ def main() -> None:
     finally:
         server.close()
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps({"inter_op_threads": 1, "cases": results}, indent=1) + "\n")
+        pathlib.Path(args.out).write_text(json.dumps({"inter_op_threads": 1, "prewarm_steps": PREWARM_STEPS, "cases": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

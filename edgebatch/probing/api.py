@@ -88,13 +88,34 @@ def fit_budget_bytes(budget_bytes: int, inter_op_threads: int = DEFAULT_INTER_OP
     return int(budget_bytes * (1 - measurement_margin(inter_op_threads)))
 
 
-# Fresh workers run this many steps at a small batch (the start batch, at most half the trial's)
-# before their trial, so the resident peak has done its early climbing
-# (docs/tensorflow-memory.md#peak-climbs-over-the-first-steps) before the trial batch is measured.
-# In a new process a prewarm at 8 lifts readings 0.8-1.25% over a process without one, and one at
-# batch 1 does not; but in fork-server children a prewarm at 1 read small_cnn 7% low below its bump
-# and moved the bump's edge (device_profiles/README.md, "Bumps"), so the batch stays as it is.
+# Fresh workers run this many steps at a small batch before their trial (prewarm_of). With
+# TensorFlow's inter-op pool the resident peak climbs over the first steps
+# (docs/tensorflow-memory.md#peak-climbs-over-the-first-steps), so the prewarm runs at the start
+# batch (at most half the trial's): a prewarm at batch 1 read small_cnn 7% low below its bump in
+# fork-server children and moved the bump's edge (device_profiles/README.md, "Bumps").
 PREWARM_STEPS = 5
+# With one inter-op thread the peak is final in the first step, and what the prewarm still does is
+# steady the reading: without one, fork-server children read transformer_tiny at 87 x 256 tokens at
+# 1,531 and then 1,619 MiB. At batch 8 it also lifts some models' readings: text_cnn at 688 read
+# 1,254.9-1,255.0 MiB after a prewarm at 8 and 1,172.3-1,172.9 MiB after one at 2 or 4, where a
+# fresh process read 1,148.7 MiB; small_cnn, transformer_tiny and dense_wide moved by 0.3-0.6%
+# between 2 and 8, every repeat within 0.7 MiB (`python tools/prewarm_check.py --prewarm-batches
+# 2,4,8`, device_profiles/README.md "Fresh workers from a fork server"). So the prewarm runs at 2.
+PREWARM_BATCH_ONE_THREAD = 2
+
+
+def prewarm_of(batch: int, start_batch: int, inter_op_threads: int, capped: bool) -> tuple[int | None, int]:
+    """(prewarm batch, prewarm steps) for a fresh worker whose first trial runs `batch`.
+
+    Under an address-space cap none: the worker then does what the fresh-process truth does (trace
+    at batch 1, cap, trial), and a prewarm moved the edge: mlp under a 256 MiB cap ran 22607 in one
+    worker of two after the prewarm, and in none of two without it, as in the truth's fresh
+    processes (`python tools/capped_edge.py mlp --headroom-mib 256 --batches 21760,22607`).
+    """
+    if capped:
+        return None, 0
+    small = PREWARM_BATCH_ONE_THREAD if inter_op_threads == 1 else start_batch
+    return max(1, min(small, batch // 2)), PREWARM_STEPS
 
 Progress = Callable[[str], None]
 
@@ -380,8 +401,9 @@ def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: l
         workers.remove(worker)
     if usable is not None:
         return usable
-    prewarm = max(1, min(config.start_batch, batch // 2))
-    fresh_setup = WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": PREWARM_STEPS})
+    prewarm, steps = prewarm_of(batch, config.start_batch, setup.inter_op_threads,
+                                capped=bool(setup.address_space_headroom_bytes))
+    fresh_setup = WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": steps})
     fresh = fork.start(fresh_setup) if fork is not None else start_worker(fresh_setup)
     workers.append(fresh)
     return fresh
