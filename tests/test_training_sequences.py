@@ -269,6 +269,36 @@ def test_a_run_stopped_inside_a_length_window_resumes_to_the_uninterrupted_weigh
     assert diff < 1e-5
 
 
+@pytest.mark.parametrize("stop_after_updates", [1, 2])
+def test_a_tokens_counted_run_stopped_inside_a_length_window_resumes_to_the_uninterrupted_weights(
+        tmp_path, stop_after_updates):
+    """batch_unit="tokens": updates hold different numbers of examples, so where the run stopped is
+    found from the window's own plan (examples_in_epoch), with length ceilings cutting pieces."""
+    tokens, labels = sequences()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    budget_tokens, window = 60, 20
+
+    def run(model, **kwargs):
+        return fit(model, dataset(tokens, labels), loss=loss, optimizer=keras.optimizers.Adam(0.01),
+                   effective_batch=budget_tokens, batch_unit="tokens", length_window_examples=window,
+                   length_ceilings=LENGTH_CEILINGS, epochs=2, **kwargs)
+
+    _, sizes = window_order(tokens, window, budget_tokens, True, epoch=0)
+    _, second_epoch_sizes = window_order(tokens, window, budget_tokens, True, epoch=1)
+    whole = masked_model()
+    run(whole)
+    first = run(masked_model(), checkpoint_dir=str(tmp_path), max_updates=len(sizes) + stop_after_updates)
+    stopped_at = sum(second_epoch_sizes[:stop_after_updates])
+    assert first.final_progress.epoch == 1 and first.final_progress.examples_in_epoch == stopped_at
+    assert stopped_at < window, "the stop falls inside the second epoch's first window"
+    resumed = masked_model()
+    second = run(resumed, checkpoint_dir=str(tmp_path))
+    assert [record.examples for record in second.updates] == second_epoch_sizes[stop_after_updates:]
+    assert second.examples_seen == len(tokens) - stopped_at
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(resumed.get_weights(), whole.get_weights()))
+    assert diff < 1e-5
+
+
 def test_length_window_usage_errors_are_one_line():
     tokens, labels = sequences(count=8)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
