@@ -81,15 +81,13 @@ def test_the_measurement_margin_is_one_percent_with_one_inter_op_thread_and_2_5_
     assert fit_budget_bytes(1_000_000, 0) == fit_budget_bytes(1_000_000, 4) == 975_000
 
 
-def test_fresh_workers_prewarm_at_2_with_one_thread_at_the_start_batch_with_the_pool_and_not_under_a_cap():
+def test_fresh_workers_prewarm_at_the_start_batch_and_not_under_an_address_space_cap():
     from edgebatch.probing.api import PREWARM_STEPS, prewarm_of
 
-    assert prewarm_of(688, start_batch=8, inter_op_threads=1, capped=False) == (2, PREWARM_STEPS)
-    assert prewarm_of(688, start_batch=8, inter_op_threads=0, capped=False) == (8, PREWARM_STEPS)
-    assert prewarm_of(6, start_batch=8, inter_op_threads=0, capped=False) == (3, PREWARM_STEPS)  # at most half the trial
-    assert prewarm_of(2, start_batch=8, inter_op_threads=1, capped=False) == (1, PREWARM_STEPS)
-    for threads in (0, 1):
-        assert prewarm_of(22607, start_batch=8, inter_op_threads=threads, capped=True) == (None, 0)
+    assert prewarm_of(688, start_batch=8, capped=False) == (8, PREWARM_STEPS)
+    assert prewarm_of(6, start_batch=8, capped=False) == (3, PREWARM_STEPS)  # at most half the trial
+    assert prewarm_of(1, start_batch=8, capped=False) == (1, PREWARM_STEPS)
+    assert prewarm_of(22607, start_batch=8, capped=True) == (None, 0)
 
 
 def test_a_profile_from_before_inter_op_threads_were_recorded_counts_as_tensorflows_pool():

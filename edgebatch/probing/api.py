@@ -96,15 +96,16 @@ def fit_budget_bytes(budget_bytes: int, inter_op_threads: int = DEFAULT_INTER_OP
 PREWARM_STEPS = 5
 # With one inter-op thread the peak is final in the first step, and what the prewarm still does is
 # steady the reading: without one, fork-server children read transformer_tiny at 87 x 256 tokens at
-# 1,531 and then 1,619 MiB. At batch 8 it also lifts some models' readings: text_cnn at 688 read
-# 1,254.9-1,255.0 MiB after a prewarm at 8 and 1,172.3-1,172.9 MiB after one at 2 or 4, where a
-# fresh process read 1,148.7 MiB; small_cnn, transformer_tiny and dense_wide moved by 0.3-0.6%
-# between 2 and 8, every repeat within 0.7 MiB (`python tools/prewarm_check.py --prewarm-batches
-# 2,4,8`, device_profiles/README.md "Fresh workers from a fork server"). So the prewarm runs at 2.
-PREWARM_BATCH_ONE_THREAD = 2
+# 1,531 and then 1,619 MiB. Its batch stays the start batch there too, although a prewarm at 8
+# lifts some readings: text_cnn at 688 read 1,254.9-1,255.0 MiB after a prewarm at 8 and
+# 1,172.3-1,172.9 after one at 2 or 4, against 1,148.7 MiB in a fresh process (`python
+# tools/prewarm_check.py --prewarm-batches 2,4,8`). With the prewarm at 2 the probe answered
+# mobilenet_v2 under 1.5 GiB 30, which fresh processes read at 1,551 MiB, over the budget (and 31 at
+# 1,436): the smaller prewarm hid a high spot they have, as a prewarm at 1 hid small_cnn's bump
+# with the pool (device_profiles/README.md, "Fresh workers from a fork server").
 
 
-def prewarm_of(batch: int, start_batch: int, inter_op_threads: int, capped: bool) -> tuple[int | None, int]:
+def prewarm_of(batch: int, start_batch: int, capped: bool) -> tuple[int | None, int]:
     """(prewarm batch, prewarm steps) for a fresh worker whose first trial runs `batch`.
 
     Under an address-space cap none: the worker then does what the fresh-process truth does (trace
@@ -114,8 +115,8 @@ def prewarm_of(batch: int, start_batch: int, inter_op_threads: int, capped: bool
     """
     if capped:
         return None, 0
-    small = PREWARM_BATCH_ONE_THREAD if inter_op_threads == 1 else start_batch
-    return max(1, min(small, batch // 2)), PREWARM_STEPS
+    return max(1, min(start_batch, batch // 2)), PREWARM_STEPS
+
 
 Progress = Callable[[str], None]
 
@@ -401,8 +402,7 @@ def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: l
         workers.remove(worker)
     if usable is not None:
         return usable
-    prewarm, steps = prewarm_of(batch, config.start_batch, setup.inter_op_threads,
-                                capped=bool(setup.address_space_headroom_bytes))
+    prewarm, steps = prewarm_of(batch, config.start_batch, capped=bool(setup.address_space_headroom_bytes))
     fresh_setup = WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": steps})
     fresh = fork.start(fresh_setup) if fork is not None else start_worker(fresh_setup)
     workers.append(fresh)
