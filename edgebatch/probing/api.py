@@ -64,6 +64,10 @@ MEASUREMENT_MARGIN = 0.025
 # fork-server workers read at or above fresh processes (their prewarm: small_cnn at 324, 1.37 GiB
 # against 1,386 MiB). 1% is twenty times that spread, for what differs between two installs of one
 # environment; a user's process that imports more than the worker has its own headroom, safe_batch's.
+# Those figures are an Intel Xeon host's. On an AMD EPYC host some batches read one of two values
+# at random between processes (small_cnn at 324: 1,427 MiB in 3 of 4, 1,549 MiB in the fourth),
+# which no margin of this size covers; one malloc arena removed it in 6 of 6 processes
+# (device_profiles/README.md, "Bumps"). The margin does not claim to cover that case.
 MEASUREMENT_MARGIN_ONE_THREAD = 0.01
 
 
