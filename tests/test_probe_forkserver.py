@@ -14,6 +14,8 @@ from edgebatch.probing.forkserver import ENV_DISABLE, ForkServer, ForkServerErro
 from edgebatch.probing.worker import WorkerSetup, start_worker, worker_environment
 
 MIB = 1024**2
+# What a forked worker may hold above a fresh one (measured: 24 MiB; see the test that uses it).
+EXTRA_FORKED_MIB = 40
 SETUP = WorkerSetup(model_spec="mlp", precision="float32", optimizer="adam", device="CPU:0", steps_per_trial=3,
                     trial_seconds=10.0)
 
@@ -67,8 +69,14 @@ def test_a_forked_worker_measures_what_a_fresh_one_does(server):
             ("baseline", forked.facts["baseline_process_bytes"], fresh.facts["baseline_process_bytes"]),
             ("peak", forked_reply["process_peak_bytes"], fresh_reply["process_peak_bytes"]),
         ):
-            # Fresh processes differ by 1-2% (device_profiles/README.md); the plain fork was 32% low.
-            assert abs(got - expected) <= 0.03 * expected, (field, got >> 20, expected >> 20)
+            # A forked child holds a fixed amount more than a new process: on an AMD EPYC host
+            # 828.5 against 804.5-804.6 MiB after setup and 829.8-830.2 against 806.4-806.6 MiB at
+            # the trial, three pairs each (24 MiB, 2.9-3.0% of this small model's process; for the
+            # probe's models it is the 1.7-1.9% device_profiles/README.md reports). Never below
+            # a fresh process by more than 1% (the plain fork was 329 MiB, 32%, low), never more
+            # than EXTRA_FORKED_MIB above it.
+            assert got >= 0.99 * expected, (field, got >> 20, expected >> 20)
+            assert got - expected <= EXTRA_FORKED_MIB * MIB, (field, got >> 20, expected >> 20)
     finally:
         forked.close()
         fresh.close()
