@@ -4,9 +4,10 @@ Each run is a new process that builds the model with the probe's own TrialRunner
 1, caps its address space (RLIMIT_AS) at its size + HEADROOM, and runs 3 steps at one batch. The
 `--order` says where the probe's prewarm (5 steps at batch 8) goes:
 
-  cap-then-prewarm   the probe's old order
-  prewarm-then-cap   the probe's order now (edgebatch/probing/worker.py)
-  no-prewarm         what tests/support/fresh_step.py, the benchmark's truth, does
+  cap-then-prewarm   the probe's first order
+  prewarm-then-cap   the probe's order until 2026-12-04 (edgebatch/probing/worker.py)
+  no-prewarm         what tests/support/fresh_step.py, the benchmark's truth, does, and what
+                     capped fresh workers do now (api.prewarm_of)
 
 Example (dense_wide, 300 MiB: the benchmark's capped scenario):
 

@@ -114,8 +114,10 @@ def prewarm_of(batch: int, start_batch: int, capped: bool) -> tuple[int | None, 
 
     Under an address-space cap none: the worker then does what the fresh-process truth does (trace
     at batch 1, cap, trial), and a prewarm moved the edge: mlp under a 256 MiB cap ran 22607 in one
-    worker of two after the prewarm, and in none of two without it, as in the truth's fresh
-    processes (`python tools/capped_edge.py mlp --headroom-mib 256 --batches 21760,22607`).
+    process of two after the prewarm, and in none of two without it, as in the truth's fresh
+    processes (`python tools/capped_edge.py mlp --headroom-mib 256 --batches 21760,22607`). That
+    alone did not make the capped mlp probe safe: without a prewarm its fork-server workers still
+    ran 23500, which fresh capped processes fail (device_profiles/README.md).
     """
     if capped:
         return None, 0
