@@ -105,8 +105,9 @@ PREWARM_STEPS = 5
 # 1,172.3-1,172.9 after one at 2 or 4, against 1,148.7 MiB in a fresh process (`python
 # tools/prewarm_check.py --prewarm-batches 2,4,8`). With the prewarm at 2 the probe answered
 # mobilenet_v2 under 1.5 GiB 30, which fresh processes read at 1,551 MiB, over the budget (and 31 at
-# 1,436): the smaller prewarm hid a high spot they have, as a prewarm at 1 hid small_cnn's bump
-# with the pool (device_profiles/README.md, "Fresh workers from a fork server").
+# 1,436), so it was taken back; but the next benchmark run, prewarm at 8, answered 30 too, so the
+# prewarm's batch is not shown to be the cause (device_profiles/README.md, "Fresh workers from a
+# fork server"). The start batch is what was measured longest.
 
 
 def prewarm_of(batch: int, start_batch: int, capped: bool) -> tuple[int | None, int]:
