@@ -66,6 +66,7 @@ def format_profile(profile) -> str:
         f"  safe_batch        {profile.safe_batch}   (headroom {profile.headroom:.0%})",
         f"  throughput_knee   {profile.throughput_knee}",
         f"  inter-op threads  {_inter_op_note(profile.search)}",
+        f"  fresh repeats     {_spread_note(profile)}",
     ]
     if model is not None:
         lines.append(
@@ -98,6 +99,23 @@ def format_profile(profile) -> str:
         length = f"{trial.seq_len or '-':>6}  " if tokens else ""
         lines.append(f"  {length}{trial.batch:>7}  {result:<22} {format_bytes(trial.peak_bytes):>11} {step:>8} {rate:>10}")
     return "\n".join(lines)
+
+
+def _spread_note(profile) -> str:
+    """How far repeated fresh readings of one batch differed, and what the answer was judged by."""
+    from edgebatch.probing.api import fit_budget_bytes
+    from edgebatch.probing.outcomes import SPREAD_NOISE_FRACTION, peak_spread_fraction
+    from edgebatch.probing.summary import judged_budget_bytes, outcome_of
+    from edgebatch.threads import recorded_inter_op_threads
+
+    spread = peak_spread_fraction([outcome_of(trial) for trial in profile.trials])
+    readings = (profile.search or {}).get("answer_readings", 1)
+    if spread <= SPREAD_NOISE_FRACTION:
+        return f"answer read in {readings} fresh worker(s); repeated readings within {SPREAD_NOISE_FRACTION:.0%}"
+    fit_budget = fit_budget_bytes(profile.budget_bytes, recorded_inter_op_threads(profile.search))
+    judged = judged_budget_bytes(profile.trials, fit_budget)
+    return (f"peaks differ between processes here: repeated readings of one batch {spread:.1%} apart, "
+            f"so readings were judged against about {format_bytes(judged)}")
 
 
 def _inter_op_note(search: dict) -> str:

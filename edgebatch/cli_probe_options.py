@@ -65,6 +65,11 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
                           "the ops of a step run one after another, so the peak is the same in every step and "
                           "process; with the pool it climbs for up to 30 steps, to a higher figure. The ceiling "
                           "holds for training with the same setting (edgebatch.set_inter_op_threads)."),
+        click.option("--answer-readings", type=click.IntRange(min=1), default=_DEFAULTS.answer_readings,
+                     show_default=True,
+                     help="Fresh workers that measure the answer before slow_start gives it. Where one batch reads "
+                          "differently between processes (seen on AMD EPYC hosts), their spread lowers the budget "
+                          "readings must fit and the search goes on below; 1 turns the repeats off."),
         click.option("--seq-lens", default=None, metavar="L1,L2,...",
                      help="Sequence lengths in tokens to probe a model with a variable sequence axis at, e.g. "
                           "64,128,256,512: the ceiling at each and a token memory model for any length. Default for "

@@ -136,11 +136,15 @@ def test_slow_start_needs_fewer_trials_than_plain_doubling_and_bisection(small_c
     )
     slow_trials = sum(t.measured for t in small_cnn_profile.trials)
     plain_trials = sum(t.measured for t in plain.trials)
+    # The answer's repeats (search._repeat_answer: new processes that read the answer again, a
+    # check binsearch does not make) are counted apart: the search itself must take fewer trials.
+    repeats = small_cnn_profile.search["answer_readings"] - 1
     print(
-        f"slow_start: {slow_trials} trials, {small_cnn_profile.probe_seconds:.0f} s -> {small_cnn_profile.max_batch}; "
+        f"slow_start: {slow_trials} trials ({repeats} of them repeats of the answer), "
+        f"{small_cnn_profile.probe_seconds:.0f} s -> {small_cnn_profile.max_batch}; "
         f"binsearch: {plain_trials} trials, {plain.probe_seconds:.0f} s -> {plain.max_batch}"
     )
-    assert slow_trials < plain_trials
+    assert slow_trials - repeats < plain_trials
     # Answers are not compared here: the test above holds slow_start to the fresh-process truth.
     # binsearch can land past a batch that fails (it answered 332 where 300 fails in a fresh
     # process and slow_start stops at 287, below the first failure; see true_ceiling_above).

@@ -54,6 +54,7 @@ def test_another_start_reuses_it_moves_the_path_not_the_answer():
         ({"trial_seconds": 30.0}, "--trial-seconds 10.0"),
         ({"headroom": 0.5}, "--headroom 0.1, this probe asks for 0.5"),
         ({"inter_op_threads": 0}, "--inter-op-threads 1, this probe asks for 0"),
+        ({"answer_readings": 1}, "--answer-readings 3, this probe asks for 1"),
     ],
 )
 def test_a_setting_that_changes_the_answer_probes_again(change, fragment):
@@ -95,6 +96,13 @@ def test_a_profile_from_before_inter_op_threads_were_recorded_counts_as_tensorfl
     assert SEARCH["inter_op_threads"] == 1, "the probe's default: one inter-op thread"
     assert "--inter-op-threads 0, this probe asks for 1" in problem(search=older)
     assert problem(search=older, inter_op_threads=0) is None
+
+
+def test_a_profile_from_before_the_answer_was_repeated_counts_as_one_reading():
+    older = {key: value for key, value in SEARCH.items() if key != "answer_readings"}
+    assert SEARCH["answer_readings"] == 3, "the probe's default: the answer read in three fresh workers"
+    assert "--answer-readings 1, this probe asks for 3" in problem(search=older)
+    assert problem(search=older, answer_readings=1) is None
 
 
 def test_a_memory_limit_under_the_total_is_part_of_the_device_fingerprint(monkeypatch):

@@ -203,3 +203,17 @@ def test_the_profile_edge_is_the_search_answer_on_the_same_outcomes():
     model = summary.memory_model_of(trials)
     # The line alone puts the safe batch at 256 (0.9 x 1536 MiB); the bump's readings hold it lower.
     assert summary.safe_batch_of(trials, config.budget_bytes, 0.10, 1, model, step.max_batch) < 256
+
+
+def test_the_profile_judges_readings_by_the_budget_the_repeats_lowered():
+    """Three fresh readings of 30 spread 8% (mobilenet_v2 on AMD EPYC read 30 at 1,364-1,512 MiB), the
+    highest over a 1,520 MiB budget: 29, read once at 1,467 MiB, fits that budget but not the budget
+    lowered by the spread (1,407 MiB), and neither does 30's lowest reading."""
+    trials = [trial(8, 1170), trial(16, 1300), trial(27, 1380, fresh=True), trial(29, 1467, fresh=True),
+              trial(30, 1420, fresh=True), trial(30, 1533.6, fresh=True), trial(30, 1450, fresh=True)]
+    budget = 1520 * MIB
+    assert summary.judged_budget_bytes(trials, budget) == pytest.approx(budget / (1533.6 / 1420), abs=2)
+    assert summary.max_batch_of(trials, budget) == 27
+    assert summary.safe_batch_of(trials, budget, 0.0, 1, None) == 27
+    agreeing = [t for t in trials if t.batch != 30 or t.peak_bytes == 1420 * MIB]
+    assert summary.max_batch_of(agreeing, budget) == 30

@@ -22,7 +22,16 @@ from edgebatch.errors import ProbeError, UsageError
 from edgebatch.probing import per_length, summary, token_fit
 from edgebatch.probing.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
 from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
-from edgebatch.probing.outcomes import BUMP_EDGE_FRACTION, DEFAULT_MAX_BATCH_LIMIT, DEFAULT_START_BATCH, DEFAULT_STRATEGY
+from edgebatch.probing.outcomes import (
+    ANSWER_READINGS,
+    BUMP_EDGE_FRACTION,
+    DEFAULT_MAX_BATCH_LIMIT,
+    DEFAULT_START_BATCH,
+    DEFAULT_STRATEGY,
+    SPREAD_NOISE_FRACTION,
+    effective_budget_bytes,
+    peak_spread_fraction,
+)
 from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
 from edgebatch.probing.worker import (
     BASELINE_FIELDS,
@@ -154,6 +163,8 @@ class ProbeRequest:
     trial_seconds: float = DEFAULT_TRIAL_SECONDS
     # TensorFlow inter-op threads in the workers (0: TensorFlow's own pool); see worker.DEFAULT_INTER_OP_THREADS.
     inter_op_threads: int = DEFAULT_INTER_OP_THREADS
+    # Fresh readings of the answer before slow_start gives it (outcomes.ANSWER_READINGS).
+    answer_readings: int = ANSWER_READINGS
     strategy: str = DEFAULT_STRATEGY
     worker_address_space_headroom_bytes: int | None = None
     # Sequence lengths (tokens) to probe a model with a variable sequence axis at: "64,128,256" or
@@ -174,6 +185,7 @@ class ProbeRequest:
             "steps_per_trial": self.steps_per_trial,
             "trial_seconds": self.trial_seconds,
             "inter_op_threads": self.inter_op_threads,
+            "answer_readings": self.answer_readings,
         }
         if seq_lens:
             settings["seq_lens"] = list(seq_lens)
@@ -201,6 +213,8 @@ class ProbeRequest:
         if self.trial_seconds <= 0:
             raise UsageError(f"trial seconds must be positive, got {self.trial_seconds!r}")
         checked_inter_op_threads(self.inter_op_threads, "--inter-op-threads")
+        if isinstance(self.answer_readings, bool) or not isinstance(self.answer_readings, int) or self.answer_readings < 1:
+            raise UsageError(f"--answer-readings must be a whole number >= 1, got {self.answer_readings!r}")
         token_fit.parse_seq_lens(self.seq_lens)
 
 
@@ -270,6 +284,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         strategy=request.strategy,
         refuse_predicted_over_budget=facts.kind == "CPU",
         bump_edge_fraction=bump_edge_fraction(request.inter_op_threads),
+        answer_readings=request.answer_readings,
     )
     setup = WorkerSetup(
         model_spec=spec.text,
@@ -383,14 +398,26 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             ))
             progress(f"  batch {step.batch:>6}  skipped: predicted peak {format_bytes(step.predicted_peak_bytes)} > budget")
             continue
-        worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh, fork=fork)
+        # A repeat of a batch a fresh worker already read runs in a new process, not a fork-server
+        # child: children of one server read alike (mobilenet_v2 at 31: three children at 1.48 GiB),
+        # where new processes, like the training they stand for, differ (device_profiles/README.md,
+        # "Peaks that differ between processes").
+        repeat = step.fresh and any(o.batch == step.batch and o.fresh and o.reading for o in outcomes)
+        worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh, fork=None if repeat else fork)
         reply = worker.run_trial(step.batch)
         fresh = worker.trials_run == 1
         trial = dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=fresh)
         trials.append(trial)
         ran = trial.ok or trial.error == "over_budget"
+        spread_before = peak_spread_fraction(outcomes)
         outcomes.append(Outcome(trial.batch, ran=ran, peak_bytes=trial.peak_bytes, fresh=fresh))
-        progress(_trial_line(trial) + ("  (fresh worker)" if fresh else ""))
+        forked_otherwise = fork is not None and fork.server is not None
+        note = "  (fresh worker, a new process)" if repeat and forked_otherwise else "  (fresh worker)"
+        progress(_trial_line(trial) + (note if fresh else ""))
+        spread = peak_spread_fraction(outcomes)
+        if spread > max(spread_before, SPREAD_NOISE_FRACTION):
+            progress(f"  fresh workers read batch {trial.batch} {spread:.1%} apart: peaks differ between processes "
+                     f"here, so readings must now fit {format_bytes(effective_budget_bytes(outcomes, config.budget_bytes))}")
 
 
 def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: list[Worker], fresh: bool = False,

@@ -17,7 +17,7 @@ failure: every batch the probe saw fail and nothing contradicted lies above it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgebatch.errors import UsageError
 from edgebatch.profiles.model import MemoryModel
@@ -37,6 +37,20 @@ DEFAULT_STRATEGY = "slow_start"
 # (device_profiles/README.md, "Bumps"). 3% is 8 samples there. With one inter-op thread the edge
 # stays put (api.bump_edge_fraction).
 BUMP_EDGE_FRACTION = 0.03
+# slow_start: fresh readings of the answer before it is given (search._repeat_answer). On an AMD
+# EPYC host one batch reads one of two or more values at random between fresh processes, even with
+# one inter-op and one intra-op thread: mobilenet_v2 at 30 read 1,364-1,512 MiB in 13 processes,
+# its resident size jumping by 100-120 MiB at a random step and never coming back
+# (device_profiles/README.md, "Peaks that differ between processes"). Repeats of the answer show
+# that spread; three readings miss a high value that a share p of processes reach with
+# probability (1 - p)^3 (13% at p = 0.5, 42% at p = 0.25): they lower the risk, they do not
+# remove it.
+ANSWER_READINGS = 3
+# Two fresh readings of one batch further apart than this (max / min - 1) mean the host's peaks
+# are random between processes: the budget a reading must fit is lowered by the spread
+# (effective_budget_bytes). On an Intel Xeon host fresh processes read one batch within 0.05%
+# with one inter-op thread (api.MEASUREMENT_MARGIN_ONE_THREAD).
+SPREAD_NOISE_FRACTION = 0.01
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,9 @@ class SearchConfig:
     prior_model: MemoryModel | None = None
     # slow_start only: how far the answer keeps below a bump that stands (search._clear_of_bump).
     bump_edge_fraction: float = BUMP_EDGE_FRACTION
+    # slow_start with fresh_endgame only: fresh readings of the answer before it is given
+    # (search._repeat_answer); 1 turns the repeats off.
+    answer_readings: int = ANSWER_READINGS
 
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:
@@ -81,6 +98,8 @@ class SearchConfig:
             )
         if not 0 <= self.bump_edge_fraction < 1:
             raise UsageError(f"bump_edge_fraction must be in [0, 1), got {self.bump_edge_fraction!r}")
+        if self.answer_readings < 1:
+            raise UsageError(f"answer_readings must be >= 1, got {self.answer_readings!r}")
         if not 0 < self.tolerance < 1:
             raise UsageError(f"tolerance must be in (0, 1), got {self.tolerance!r}")
         if self.strategy not in STRATEGIES:
@@ -155,7 +174,43 @@ def counted_failures(outcomes: Sequence[Outcome], budget_bytes: int) -> list[Out
     return sorted((o for o in failed if not contradicted(o, outcomes, budget_bytes)), key=lambda o: o.batch)
 
 
+def peak_spread_fraction(outcomes: Sequence[Outcome]) -> float:
+    """The widest spread between fresh readings of one batch, as max / min - 1 (0.0 without repeats).
+
+    Only fresh workers count: a reused worker reads high from what earlier trials left behind.
+    """
+    by_batch: dict[int, list[int]] = {}
+    for o in outcomes:
+        if o.fresh and o.reading and o.peak_bytes > 0:
+            by_batch.setdefault(o.batch, []).append(o.peak_bytes)
+    return max((max(peaks) / min(peaks) - 1 for peaks in by_batch.values() if len(peaks) > 1), default=0.0)
+
+
+def effective_budget_bytes(outcomes: Sequence[Outcome], budget_bytes: float) -> int:
+    """The budget a reading must fit: `budget_bytes`, lowered by the spread of repeated fresh readings
+    when that spread is over SPREAD_NOISE_FRACTION (budget / (1 + spread)).
+
+    A batch whose lowest reading fits the lowered budget then fits the real one at its highest
+    reading seen, and so does a larger batch whose one reading fits it, as far as the spread seen
+    is the spread there is.
+    """
+    spread = peak_spread_fraction(outcomes)
+    if spread <= SPREAD_NOISE_FRACTION:
+        return int(budget_bytes)
+    return int(budget_bytes / (1 + spread))
+
+
+def with_effective_budget(config: SearchConfig, outcomes: Sequence[Outcome]) -> SearchConfig:
+    """`config` with the budget a reading must fit (effective_budget_bytes) in place of its own."""
+    budget = effective_budget_bytes(outcomes, config.budget_bytes)
+    return config if budget == config.budget_bytes else replace(config, budget_bytes=budget)
+
+
 def edge_of(outcomes: Sequence[Outcome], budget_bytes: int) -> Edge:
+    """The ceiling the outcomes show under `budget_bytes` (the module docstring's rule).
+
+    Callers pass the effective budget (effective_budget_bytes) when repeated readings may differ.
+    """
     counted = counted_failures(outcomes, budget_bytes)
     first_failure = counted[0].batch if counted else None
     lo = max(

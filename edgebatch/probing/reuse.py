@@ -6,7 +6,7 @@ key); what is left is everything else that changes the answer:
 
 - the search settings: the batch limit, the multiple, the strategy, the steps and seconds a trial
   runs, TensorFlow's inter-op threads in the workers (a profile without the field was measured
-  with TensorFlow's own pool, 0), and the headroom (it decides `safe_batch`). `start` is left out:
+  with TensorFlow's own pool, 0), the fresh readings of the answer (without the field: 1), and the headroom (it decides `safe_batch`). `start` is left out:
   it changes where the search begins, not where it ends. A profile that records no `search`
   settings (written by a version before they were recorded) is not reused.
 - the budget, explicit or default, within BUDGET_TOLERANCE_FRACTION. A default budget is the RAM
@@ -35,9 +35,11 @@ ANSWER_SETTINGS = {
     # A probe per sequence length records its lengths (the model key holds them too).
     "seq_lens": "--seq-lens",
     "inter_op_threads": "--inter-op-threads",
+    "answer_readings": "--answer-readings",
 }
-# What a setting was when a profile does not record it: written before the setting existed.
-UNRECORDED_SETTINGS = {"inter_op_threads": UNRECORDED_INTER_OP_THREADS}
+# What a setting was when a profile does not record it: written before the setting existed (the
+# answer was read once before repeats were made).
+UNRECORDED_SETTINGS = {"inter_op_threads": UNRECORDED_INTER_OP_THREADS, "answer_readings": 1}
 
 
 def reuse_problem(

@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from edgebatch.probing import baselines
 from edgebatch.probing.memory_fit import bump_excess_bytes, memory_model_of, prior_through_readings
 from edgebatch.probing.outcomes import (
+    ANSWER_READINGS,
     BUMP_EDGE_FRACTION,
     STRATEGIES,
     Done,
@@ -58,6 +59,7 @@ from edgebatch.probing.outcomes import (
     edge_of,
     first_batch,
     round_down,
+    with_effective_budget,
 )
 from edgebatch.profiles.model import MemoryModel
 
@@ -71,7 +73,7 @@ BUMP_CONFIRMATIONS = 2
 BUMP_WIDTH_FRACTION = 0.10
 
 __all__ = [
-    "BUMP_EDGE_FRACTION", "STRATEGIES", "Done", "Outcome", "Run", "SearchConfig", "Skip", "Step", "first_batch", "next_step", "round_down",
+    "ANSWER_READINGS", "BUMP_EDGE_FRACTION", "STRATEGIES", "Done", "Outcome", "Run", "SearchConfig", "Skip", "Step", "first_batch", "next_step", "round_down",
     "usable_model",
 ]
 
@@ -90,6 +92,9 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
     """Decide what to do next from every outcome so far (in any order)."""
     if config.strategy in baselines.BASELINE_STRATEGIES:
         return baselines.next_step(config, outcomes)
+    if config.strategy == "slow_start":
+        # Repeated fresh readings that differ lower the budget every reading is judged by.
+        config = with_effective_budget(config, outcomes)
     budget = config.budget_bytes
     cap = round_down(config.max_batch_limit, config.multiple)
     prior = config.prior_model if config.strategy == "slow_start" else None
@@ -124,7 +129,21 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
         step = _fresh_endgame(step, outcomes, hi, model)
         if isinstance(step, Done) and model is not None:
             step = _clear_of_bump(config, outcomes, step, hi, model)
+        if isinstance(step, Done):
+            step = _repeat_answer(config, outcomes, step)
     return step
+
+
+def _repeat_answer(config: SearchConfig, outcomes: Sequence[Outcome], done: Done) -> Step:
+    """One more fresh trial at the answer until it has config.answer_readings fresh readings.
+
+    Where fresh processes read one batch differently, the repeats show it: the budget is then
+    lowered by the spread (outcomes.effective_budget_bytes) and the search goes on below.
+    """
+    if done.max_batch is None:
+        return done
+    readings = sum(1 for o in outcomes if o.batch == done.max_batch and o.fresh and o.reading)
+    return Run(done.max_batch, fresh=True) if readings < config.answer_readings else done
 
 
 def _clear_of_bump(config: SearchConfig, outcomes: Sequence[Outcome], done: Done, hi: int | None,

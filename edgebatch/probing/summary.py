@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 
 from edgebatch.probing import memory_fit
-from edgebatch.probing.outcomes import Edge, Outcome, counted_failures, edge_of
+from edgebatch.probing.outcomes import Edge, Outcome, counted_failures, edge_of, effective_budget_bytes
 from edgebatch.profiles.model import MemoryModel, Trial
 
 # Throughput within 5% of the best counts as the plateau (the issue's definition of the knee).
@@ -32,6 +32,12 @@ def outcome_of(trial: Trial) -> Outcome:
         measured=trial.measured,
         fresh=trial.fresh,
     )
+
+
+def judged_budget_bytes(trials: Sequence[Trial], budget_bytes: float) -> int:
+    """The budget the search judged readings by: lowered by the spread of repeated fresh readings of
+    one batch (outcomes.effective_budget_bytes), as the search lowered it."""
+    return effective_budget_bytes([outcome_of(t) for t in trials], budget_bytes)
 
 
 def edge_of_trials(trials: Sequence[Trial], budget_bytes: float) -> Edge:
@@ -53,8 +59,9 @@ def memory_model_of(trials: Sequence[Trial]) -> MemoryModel | None:
 
 
 def max_batch_of(trials: Sequence[Trial], budget_bytes: float) -> int | None:
-    """The largest fit below every failure that counts (outcomes.edge_of); None when nothing fits."""
-    return edge_of_trials(trials, budget_bytes).lo or None
+    """The largest fit below every failure that counts (outcomes.edge_of, under judged_budget_bytes);
+    None when nothing fits."""
+    return edge_of_trials(trials, judged_budget_bytes(trials, budget_bytes)).lo or None
 
 
 def safe_batch_of(
@@ -83,7 +90,9 @@ def safe_batch_of(
 
     Never below `multiple` while anything fits: the smallest allowed batch is below every failure
     that counts (the edge is a fit), so no fallback lands above one. None when nothing fits.
+    Readings are judged by judged_budget_bytes, as the search judged them.
     """
+    budget_bytes = judged_budget_bytes(trials, budget_bytes)
     safe_budget = budget_bytes * (1 - headroom)
     ceiling = edge_of_trials(trials, budget_bytes).lo
     if max_batch is not None:
@@ -137,6 +146,7 @@ def throughput_knee_of(trials: Sequence[Trial], budget_bytes: float) -> int | No
     mobilenet_v2 profile read 40-48 samples/s at 1248-1959 that way where training at 1024 runs
     at 125, which put its knee at 32.
     """
+    budget_bytes = judged_budget_bytes(trials, budget_bytes)
     fits = [t for t in fitting_trials(trials, budget_bytes) if t.samples_per_second and t.steady is not False]
     if not fits:
         return None
