@@ -109,3 +109,20 @@ def test_measure_truth_continues_from_prior_checks(monkeypatch):
                                       seconds_left=lambda: 1e9, check_cost_seconds=1.0, prior_checks=prior)
     assert truth["ceiling"] == 66 and truth["first_failure_above"] == 67 and truth["narrowed_to_resolution"]
     assert checked and not set(checked) & {59, 60, 65, 71} and all(65 < b < 71 for b in checked)
+
+
+def test_a_truth_check_fits_only_when_every_new_process_does(monkeypatch):
+    readings = iter([100, 250, 120])
+
+    def fresh_check(model_spec, batch, budget_bytes, headroom_bytes, **extra):
+        peak = next(readings)
+        return {"batch": batch, "fits": peak <= budget_bytes, "ran": True, "peak_bytes": peak, "error": None,
+                "seconds": 1.0}
+
+    monkeypatch.setattr(probe_truth, "fresh_check", fresh_check)
+    failed = probe_truth.repeated_check("m", 8, 200, None)
+    assert not failed["fits"] and failed["peak_bytes"] == 250 and failed["peaks"] == [100, 250]
+    readings = iter([100, 180, 120])
+    fits = probe_truth.repeated_check("m", 8, 200, None)
+    assert fits["fits"] and fits["peak_bytes"] == 180 and fits["peaks"] == [100, 180, 120]
+    assert fits["seconds"] == 3.0 and probe_truth.TRUTH_READINGS == 3

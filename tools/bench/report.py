@@ -183,8 +183,10 @@ def probe_lines(section: dict) -> list[str]:
         elif truth["ceiling"] is None:
             lines.append(f"{planned} True ceiling: no batch tried in a fresh process fitted ({len(truth['checks'])} checks).")
         else:
-            lines.append(f"{planned} True ceiling (fresh processes, {len(truth['checks'])} checks, {truth['seconds']:.0f} s "
-                         f"of child time): **{truth['ceiling']}** fits; {bracket}.")
+            readings = max((len(c.get("peaks") or [None]) for c in truth["checks"]), default=1)
+            each = f", a fit read in {readings} new processes" if readings > 1 else ""
+            lines.append(f"{planned} True ceiling (fresh processes, {len(truth['checks'])} checks{each}, "
+                         f"{truth['seconds']:.0f} s of child time): **{truth['ceiling']}** fits; {bracket}.")
         if truth.get("failures_below_ceiling"):
             lines.append(f"Fresh failures below the ceiling: {truth['failures_below_ceiling']}: the boundary is fuzzy, "
                          "or memory is not monotone in batch at this scale, so the largest fit is not the only "
