@@ -541,3 +541,20 @@ def test_the_spread_is_read_from_fresh_repeats_of_one_batch_only():
 def test_answer_readings_below_one_are_refused():
     with pytest.raises(UsageError, match="answer_readings"):
         SearchConfig(budget_bytes=MIB, answer_readings=0)
+
+
+def test_a_repeat_that_runs_out_of_memory_in_a_new_process_moves_the_answer_below_it():
+    """mlp under a 256 MiB address-space cap: a fork-server child ran 21879, fresh capped processes
+    failed it. A fit of the same batch in another process does not contradict that failure."""
+    config = SearchConfig(budget_bytes=10_000 * MIB)
+    peak = linear(100, 0.01)
+    outcomes = [Outcome(b, True, int(peak(b))) for b in (8, 16, 32)]
+    outcomes += [Outcome(21879, True, int(peak(21879)), fresh=True), Outcome(22316, False, fresh=True)]
+    assert next_step(config, outcomes) == Run(21879, fresh=True)
+    outcomes.append(Outcome(21879, False, fresh=True))  # the repeat: out of memory
+    assert edge_of(outcomes, config.budget_bytes).hi == 21879
+    step = next_step(config, outcomes)
+    assert isinstance(step, Run) and step.batch < 21879, step
+    # A reused worker's failure is still contradicted by a fresh fit of the same batch.
+    reused = [Outcome(300, False), Outcome(300, True, 500 * MIB, fresh=True)]
+    assert edge_of(reused, config.budget_bytes).hi is None

@@ -8,7 +8,7 @@ reading of one set of outcomes.
 The evidence rule (`edge_of`): a batch fits when it ran and its peak is within the budget. A
 failure (OOM, worker killed, peak over budget, or a batch the memory model ruled out) counts
 unless a fresh worker contradicts it: a batch at least as large fitted as the first trial of its
-worker. Failures are recorded either way; a contradicted one is a transient (a worker killed once
+worker (strictly larger for a fresh worker that ran out of memory, see `contradicted`). Failures are recorded either way; a contradicted one is a transient (a worker killed once
 at 16 while 334 fitted fresh used to drag the safe batch down to 13) or a bump in a peak that is
 not monotone in batch (search.py). The answer is the largest fit below the smallest counted
 failure: every batch the probe saw fail and nothing contradicted lies above it.
@@ -164,8 +164,20 @@ class Edge:
 
 
 def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: int) -> bool:
-    """Whether a fresh worker fitted `failure`'s batch or a larger one."""
-    return any(o.fresh and o.measured and o.batch >= failure.batch and o.fits(budget_bytes) for o in outcomes)
+    """Whether a fresh worker fitted `failure`'s batch or a larger one.
+
+    A fresh worker that ran out of memory (no reading) is contradicted only by a fit at a larger
+    batch: another process fitting the same batch does not make it safe (a repeat of the answer
+    in a new process, search._repeat_answer, failing under an address-space cap where a fork-server
+    child fitted). Over-budget readings of one batch that differ are handled by their spread
+    (effective_budget_bytes) instead.
+    """
+    same_batch_counts = not (failure.fresh and failure.measured and not failure.ran)
+    return any(
+        o.fresh and o.measured and o.fits(budget_bytes)
+        and (o.batch > failure.batch or (same_batch_counts and o.batch == failure.batch))
+        for o in outcomes
+    )
 
 
 def counted_failures(outcomes: Sequence[Outcome], budget_bytes: int) -> list[Outcome]:
