@@ -218,3 +218,13 @@ def test_a_budget_below_the_workers_baseline_is_refused_before_any_trial(tmp_pat
         probe("mlp", device="CPU:0", memory_budget="50MiB", profiles_dir=tmp_path, progress=lines.append)
     assert not any("batch " in line and "peak" in line for line in lines), lines
     assert list(tmp_path.iterdir()) == []
+
+
+def test_repeats_of_the_answer_run_side_by_side_only_with_room_for_each_and_a_core_each():
+    from edgebatch.probing.api import FORK_SERVER_RESERVE_BYTES, fits_side_by_side
+
+    assert fits_side_by_side(2, 24 * GIB, 1536 * MIB, cores=2)
+    assert not fits_side_by_side(3, 24 * GIB, 1536 * MIB, cores=2)
+    assert not fits_side_by_side(2, 2 * GIB + FORK_SERVER_RESERVE_BYTES - 1, GIB, cores=2)
+    assert fits_side_by_side(2, 2 * GIB + FORK_SERVER_RESERVE_BYTES, GIB, cores=2)
+    assert not fits_side_by_side(2, None, GIB, cores=2)

@@ -7,7 +7,7 @@ import pytest
 
 from edgebatch.errors import UsageError
 from edgebatch.probing.memory_fit import fit_memory_model
-from edgebatch.probing.outcomes import SPREAD_NOISE_FRACTION, edge_of, effective_budget_bytes, peak_spread_fraction
+from edgebatch.probing.outcomes import OOM_TRANSIENT_RATIO, SPREAD_NOISE_FRACTION, edge_of, effective_budget_bytes, peak_spread_fraction
 from edgebatch.probing.search import ANSWER_READINGS, BUMP_CONFIRMATIONS, BUMP_EDGE_FRACTION, Done, Outcome, Run, SearchConfig, Skip, next_step, usable_model
 
 MIB = 1024**2
@@ -534,8 +534,10 @@ def test_the_spread_is_read_from_fresh_repeats_of_one_batch_only():
                Outcome(30, True, 1450 * MIB, fresh=True)]
     assert peak_spread_fraction(repeats) == pytest.approx(0.08)
     assert effective_budget_bytes(repeats, 1536 * MIB) == int(1536 * MIB / 1.08)
+    # A spread within the noise lowers the budget too, by as little: the answer must fit at its highest.
     within_noise = [Outcome(30, True, 1400 * MIB, fresh=True), Outcome(30, True, 1405 * MIB, fresh=True)]
-    assert effective_budget_bytes(within_noise, 1536 * MIB) == 1536 * MIB
+    assert effective_budget_bytes(within_noise, 1536 * MIB) == int(1536 * MIB * 1400 / 1405)
+    assert effective_budget_bytes(within_noise[:1], 1536 * MIB) == 1536 * MIB
 
 
 def test_answer_readings_below_one_are_refused():
@@ -558,3 +560,34 @@ def test_a_repeat_that_runs_out_of_memory_in_a_new_process_moves_the_answer_belo
     # A reused worker's failure is still contradicted by a fresh fit of the same batch.
     reused = [Outcome(300, False), Outcome(300, True, 500 * MIB, fresh=True)]
     assert edge_of(reused, config.budget_bytes).hi is None
+
+
+def test_the_answer_must_fit_at_every_reading_even_when_they_differ_by_less_than_the_noise():
+    """mobilenet_v2 under 1.5 GiB (limit 1,520.6 MiB after the margin): 30 read 1,519.3 MiB in a
+    fork-server child, then 1,520.7 and 1,521.2 in new processes. 30 was answered; it must not be."""
+    limit = int(1536 * MIB * 0.99)
+    config = SearchConfig(budget_bytes=limit)
+    readings = [(8, 1132.5, False), (16, 1256.3, False), (32, 1523.7, True), (31, 1523.8, True),
+                (30, 1519.3, True), (30, 1520.7, True), (30, 1521.2, True)]
+    outcomes = [Outcome(b, True, int(mib * MIB), fresh=fresh) for b, mib, fresh in readings]
+    step = next_step(config, outcomes)
+    assert step != Done(30) and (isinstance(step, Run) and step.batch < 30), step
+
+
+def test_an_answer_is_tried_at_most_answer_readings_times_out_of_memory_or_not():
+    config = SearchConfig(budget_bytes=10_000 * MIB)
+    peak = linear(100, 0.01)
+    outcomes = [Outcome(b, True, int(peak(b))) for b in (8, 16, 32)]
+    outcomes += [Outcome(20377, True, int(peak(20377)), fresh=True), Outcome(22932, False, fresh=True),
+                 Outcome(20377, False, fresh=True), Outcome(20377, True, int(peak(20377)), fresh=True)]
+    # Three fresh trials of 20377, one out of memory: no fourth. The failure bounds the answer.
+    step = next_step(config, outcomes)
+    assert not (isinstance(step, Run) and step.batch == 20377), step
+    assert edge_of(outcomes, config.budget_bytes).hi == 20377
+
+
+def test_an_out_of_memory_failure_in_a_fresh_worker_is_a_transient_only_below_half_a_fresh_fit():
+    fit = Outcome(334, True, 500 * MIB, fresh=True)
+    assert edge_of([Outcome(16, False, fresh=True), fit], 1000 * MIB).hi is None
+    near = Outcome(334 // OOM_TRANSIENT_RATIO + 1, False, fresh=True)
+    assert edge_of([near, fit], 1000 * MIB).hi == near.batch

@@ -47,10 +47,13 @@ BUMP_EDGE_FRACTION = 0.03
 # remove it.
 ANSWER_READINGS = 3
 # Two fresh readings of one batch further apart than this (max / min - 1) mean the host's peaks
-# are random between processes: the budget a reading must fit is lowered by the spread
-# (effective_budget_bytes). On an Intel Xeon host fresh processes read one batch within 0.05%
-# with one inter-op thread (api.MEASUREMENT_MARGIN_ONE_THREAD).
+# are random between processes (the probe says so). On an Intel Xeon host fresh processes read
+# one batch within 0.05% with one inter-op thread (api.MEASUREMENT_MARGIN_ONE_THREAD). Any spread
+# lowers the budget readings are judged by (effective_budget_bytes).
 SPREAD_NOISE_FRACTION = 0.01
+# A fresh worker's out-of-memory failure is a transient only when a batch this many times larger
+# fitted in a fresh worker (see contradicted): a worker killed once at 16 while 334 fitted fresh.
+OOM_TRANSIENT_RATIO = 2
 
 
 @dataclass(frozen=True)
@@ -166,18 +169,17 @@ class Edge:
 def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: int) -> bool:
     """Whether a fresh worker fitted `failure`'s batch or a larger one.
 
-    A fresh worker that ran out of memory (no reading) is contradicted only by a fit at a larger
-    batch: another process fitting the same batch does not make it safe (a repeat of the answer
-    in a new process, search._repeat_answer, failing under an address-space cap where a fork-server
-    child fitted). Over-budget readings of one batch that differ are handled by their spread
-    (effective_budget_bytes) instead.
+    A fresh worker that ran out of memory (no reading) is contradicted only by a fresh fit at
+    OOM_TRANSIENT_RATIO times its batch or more: near the edge another process fitting the same or
+    a slightly larger batch does not make it safe. Under a 256 MiB address-space cap mlp's fresh
+    workers ran out of memory at 22932 four times and fitted it once, and at 25168 failed seven
+    times of ten while 25488 had fitted. Over-budget readings of one batch that differ are handled
+    by their spread (effective_budget_bytes) instead.
     """
-    same_batch_counts = not (failure.fresh and failure.measured and not failure.ran)
-    return any(
-        o.fresh and o.measured and o.fits(budget_bytes)
-        and (o.batch > failure.batch or (same_batch_counts and o.batch == failure.batch))
-        for o in outcomes
-    )
+    if failure.fresh and failure.measured and not failure.ran:
+        return any(o.fresh and o.measured and o.fits(budget_bytes) and o.batch >= OOM_TRANSIENT_RATIO * failure.batch
+                   for o in outcomes)
+    return any(o.fresh and o.measured and o.batch >= failure.batch and o.fits(budget_bytes) for o in outcomes)
 
 
 def counted_failures(outcomes: Sequence[Outcome], budget_bytes: int) -> list[Outcome]:
@@ -199,17 +201,15 @@ def peak_spread_fraction(outcomes: Sequence[Outcome]) -> float:
 
 
 def effective_budget_bytes(outcomes: Sequence[Outcome], budget_bytes: float) -> int:
-    """The budget a reading must fit: `budget_bytes`, lowered by the spread of repeated fresh readings
-    when that spread is over SPREAD_NOISE_FRACTION (budget / (1 + spread)).
+    """The budget a reading must fit: `budget_bytes` lowered by the spread of repeated fresh readings,
+    budget / (1 + spread) (the budget itself without repeats).
 
     A batch whose lowest reading fits the lowered budget then fits the real one at its highest
     reading seen, and so does a larger batch whose one reading fits it, as far as the spread seen
-    is the spread there is.
+    is the spread there is. Even a spread within the noise lowers it: mobilenet_v2 read 30 at
+    1,519.3, 1,520.7 and 1,521.2 MiB against a 1,520.6 MiB limit, and the answer must fit at all three.
     """
-    spread = peak_spread_fraction(outcomes)
-    if spread <= SPREAD_NOISE_FRACTION:
-        return int(budget_bytes)
-    return int(budget_bytes / (1 + spread))
+    return int(budget_bytes / (1 + peak_spread_fraction(outcomes)))
 
 
 def with_effective_budget(config: SearchConfig, outcomes: Sequence[Outcome]) -> SearchConfig:

@@ -142,8 +142,9 @@ def _repeat_answer(config: SearchConfig, outcomes: Sequence[Outcome], done: Done
     """
     if done.max_batch is None:
         return done
-    readings = sum(1 for o in outcomes if o.batch == done.max_batch and o.fresh and o.reading)
-    return Run(done.max_batch, fresh=True) if readings < config.answer_readings else done
+    # Every fresh trial of the batch counts, an out-of-memory one too: at most answer_readings each.
+    tried = sum(1 for o in outcomes if o.batch == done.max_batch and o.fresh and o.measured)
+    return Run(done.max_batch, fresh=True) if tried < config.answer_readings else done
 
 
 def _clear_of_bump(config: SearchConfig, outcomes: Sequence[Outcome], done: Done, hi: int | None,
