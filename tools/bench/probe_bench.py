@@ -20,6 +20,7 @@ hosts: device_profiles/README.md, "Peaks that differ between processes").
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -250,6 +251,11 @@ def run(mode: Mode, deadline: Deadline, methods_end: float, truth_end: float) ->
     """Section 1 of the run. Methods may use the allowance up to `methods_end` (a fraction of the
     whole run's), their truths up to `truth_end`."""
     scenarios = QUICK_SCENARIOS if mode.quick else FULL_SCENARIOS
+    # EDGEBATCH_BENCH_SCENARIOS="mobilenet_v2,mlp": only the scenarios whose names contain one of these
+    # (a targeted rerun; write it elsewhere with --markdown and --results-dir, not over the full table).
+    wanted = [part.strip() for part in os.environ.get("EDGEBATCH_BENCH_SCENARIOS", "").split(",") if part.strip()]
+    if wanted:
+        scenarios = tuple(s for s in scenarios if any(part in s.name for part in wanted))
     # Quick mode runs each method once: one probe costs 1-6 worker starts of 8-20 s each here, and
     # every real OOM about 10 s more (the allocator retries before it gives up).
     repeats = [1 if mode.quick else (s.full_repeats or mode.repeats) for s in scenarios]
