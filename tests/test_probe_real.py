@@ -123,6 +123,14 @@ def test_profile_is_coherent(small_cnn_profile):
         assert profile.max_batch == max(t.batch for t in fitted if t.batch <= bump * (1 - edge_fraction))
     assert profile.throughput_knee in {t.batch for t in fitted}
     assert all(t.steady for t in fitted), "small_cnn's steps take well under trial_seconds: steady timings"
+    # Fresh trials say what their worker was: the answer's repeats are new processes, and under this
+    # explicit budget the fork server gives the other fresh workers of the endgame.
+    fresh = [t for t in profile.trials if t.fresh and t.measured]
+    assert all(t.forked is not None for t in fresh)
+    repeats = [t for t in fresh if t.batch == profile.max_batch][1:]
+    assert len(repeats) == profile.search["answer_readings"] - 1
+    assert all(t.forked is False for t in repeats)
+    assert any(t.forked for t in fresh)
 
 
 def test_slow_start_needs_fewer_trials_than_plain_doubling_and_bisection(small_cnn_profile, tmp_path):

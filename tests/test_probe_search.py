@@ -542,6 +542,29 @@ def test_the_spread_is_read_from_fresh_repeats_of_one_batch_only():
     assert effective_budget_bytes(within_noise[:1], 1536 * MIB) == 1536 * MIB
 
 
+def test_a_fork_server_child_reading_above_every_new_process_is_not_spread():
+    """text_cnn under 1.25 GiB (Intel Xeon, BENCHMARKS.md at db55e1c): a fork-server child read 800
+    at 1,267.1 MiB and two new processes 1,262.4 and 1,262.3 MiB. Training runs in a new process,
+    so the child's excess lowers nothing; a child that reads lowest still widens the spread."""
+    child_high = [Outcome(800, True, int(1267.1 * MIB), fresh=True, forked=True),
+                  Outcome(800, True, int(1262.4 * MIB), fresh=True, forked=False),
+                  Outcome(800, True, int(1262.3 * MIB), fresh=True, forked=False)]
+    assert peak_spread_fraction(child_high) == pytest.approx(1262.4 / 1262.3 - 1, abs=1e-6)
+    # 816, read at 1,275.4 MiB in a child, then fits a 1,280 MiB budget (it failed by 0.2 MiB
+    # against the budget lowered by the child's 0.38%).
+    with_816 = [*child_high, Outcome(816, True, int(1275.4 * MIB), fresh=True, forked=True)]
+    assert edge_of(with_816, effective_budget_bytes(with_816, 1280 * MIB)).lo == 816
+    unknown = [dataclasses.replace(o, forked=None) for o in child_high]
+    assert peak_spread_fraction(unknown) == pytest.approx(1267.1 / 1262.3 - 1, abs=1e-6)
+    child_low = [Outcome(30, True, int(1519.3 * MIB), fresh=True, forked=True),
+                 Outcome(30, True, int(1520.7 * MIB), fresh=True, forked=False),
+                 Outcome(30, True, int(1521.2 * MIB), fresh=True, forked=False)]
+    assert peak_spread_fraction(child_low) == pytest.approx(1521.2 / 1519.3 - 1, abs=1e-6)
+    only_children = [Outcome(30, True, 1400 * MIB, fresh=True, forked=True),
+                     Outcome(30, True, 1450 * MIB, fresh=True, forked=True)]
+    assert peak_spread_fraction(only_children) == pytest.approx(1450 / 1400 - 1)
+
+
 def test_answer_readings_below_one_are_refused():
     with pytest.raises(UsageError, match="answer_readings"):
         SearchConfig(budget_bytes=MIB, answer_readings=0)

@@ -124,6 +124,18 @@ def test_fresh_and_settled_round_trip_and_are_optional_in_the_file():
     assert (older.fresh, older.settled) == (False, None)
 
 
+def test_forked_round_trips_and_is_absent_from_the_file_when_unknown():
+    import dataclasses
+
+    profile = make_profile()
+    child, new_process = (dataclasses.replace(profile.trials[0], fresh=True, forked=forked) for forked in (True, False))
+    data = make_profile(trials=(child, new_process, *profile.trials[1:])).to_dict()
+    validate_profile_dict(data)
+    again = DeviceProfile.from_dict(json.loads(json.dumps(data))).trials
+    assert (again[0].forked, again[1].forked, again[2].forked) == (True, False, None)
+    assert "forked" not in data["trials"][2]
+
+
 def test_from_dict_validates_and_names_the_source():
     data = make_profile().to_dict()
     data["max_batch"] = "64"

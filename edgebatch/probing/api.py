@@ -419,7 +419,8 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh, fork=None if repeat else fork)
             reply = worker.run_trial(step.batch)
             fresh = worker.trials_run == 1
-            new_trials = [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=fresh)]
+            new_trials = [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=fresh,
+                                              forked=worker.forked if fresh else None)]
             forked_otherwise = fork is not None and fork.server is not None
             note = "  (fresh worker, a new process)" if repeat and forked_otherwise else "  (fresh worker)"
         for trial in new_trials:
@@ -432,7 +433,7 @@ def _record(trial: Trial, trials: list[Trial], outcomes: list[Outcome], config: 
     trials.append(trial)
     ran = trial.ok or trial.error == "over_budget"
     spread_before = peak_spread_fraction(outcomes)
-    outcomes.append(Outcome(trial.batch, ran=ran, peak_bytes=trial.peak_bytes, fresh=trial.fresh))
+    outcomes.append(Outcome(trial.batch, ran=ran, peak_bytes=trial.peak_bytes, fresh=trial.fresh, forked=trial.forked))
     progress(_trial_line(trial) + note)
     spread = peak_spread_fraction(outcomes)
     if spread > max(spread_before, SPREAD_NOISE_FRACTION):
@@ -457,7 +458,8 @@ def _repeats_side_by_side(batch: int, count: int, config: SearchConfig, setup: W
 
     with ThreadPoolExecutor(max_workers=count) as pool:
         replies = list(pool.map(one, range(count)))
-    return [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=True) for reply in replies]
+    return [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=True, forked=False)
+            for reply in replies]
 
 
 def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: list[Worker], fresh: bool = False,

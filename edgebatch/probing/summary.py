@@ -31,6 +31,7 @@ def outcome_of(trial: Trial) -> Outcome:
         peak_bytes=trial.peak_bytes,
         measured=trial.measured,
         fresh=trial.fresh,
+        forked=trial.forked,
     )
 
 

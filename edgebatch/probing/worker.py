@@ -173,6 +173,9 @@ class Worker:
     # trial's step time for its deadline. Small batches overstate it, which only lengthens it.
     step_seconds_per_sample: float | None = None
     reader: _LineReader | None = None
+    # Forked from the fork server (forkserver.py) rather than started as a new Python: on some
+    # hosts such children read above new processes (outcomes.peak_spread_fraction).
+    forked: bool = False
 
     def __post_init__(self) -> None:
         if self.reader is None:
@@ -344,7 +347,7 @@ def spawn_worker(setup: WorkerSetup, command: list[str] | None = None, server=No
             env=env,
             start_new_session=True,  # Ctrl-C reaches the parent only; the parent stops the workers
         )
-    worker = Worker(setup, process, stderr_file)
+    worker = Worker(setup, process, stderr_file, forked=server is not None and command is None)
     try:
         process.stdin.write((json.dumps(setup.__dict__) + "\n").encode())
         process.stdin.flush()

@@ -44,6 +44,9 @@ class Trial:
     steady: bool | None = None
     # The sequence length (tokens) of the trial's examples in a probe per length; None otherwise.
     seq_len: int | None = None
+    # A fresh trial's worker: True when forked from the probe's fork server, False when a new
+    # process (as training is); None when not fresh or not recorded (older profiles).
+    forked: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,7 @@ def _trial_dict(trial: Trial) -> dict:
         "settled": trial.settled,
         "steady": trial.steady,
         **({"seq_len": trial.seq_len} if trial.seq_len is not None else {}),
+        **({"forked": trial.forked} if trial.forked is not None else {}),
     }
 
 
@@ -319,6 +323,7 @@ def _trial_from_dict(data: dict) -> Trial:
         settled=data.get("settled"),
         steady=data.get("steady"),
         seq_len=data.get("seq_len"),
+        forked=data.get("forked"),
     )
 
 

@@ -69,6 +69,8 @@ _TRIAL_SCHEMA = {
         "steady": {"type": ["boolean", "null"], "default": None},
         # Schema 2: the sequence length of a probe per length's trial.
         "seq_len": {"type": ["integer", "null"], "minimum": 1, "default": None},
+        # Optional: whether a fresh trial's worker was a fork-server child (absent in older files).
+        "forked": {"type": ["boolean", "null"], "default": None},
     },
 }
 
