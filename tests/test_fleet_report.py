@@ -26,6 +26,7 @@ from edgebatch.fleet.report import (
     RunningVersions,
     analyse,
     collect,
+    parse_created_at,
     report_to_dict,
     throughput_at_batch,
 )
@@ -145,8 +146,7 @@ def test_throughput_at_batch_measured_interpolated_unmeasured_and_unsteady():
 def test_committed_profiles_report_without_flags():
     entries, invalid = collect([str(COMMITTED)])
     # A day after the newest committed profile was written (NOW may come before it).
-    newest = max(datetime.fromisoformat(json.loads(path.read_text())["created_at"].replace("Z", "+00:00"))
-                 for path in COMMITTED.glob("*.json"))
+    newest = max(parse_created_at(json.loads(path.read_text())["created_at"]) for path in COMMITTED.glob("*.json"))
     report = analyse(entries, invalid, now=newest + timedelta(days=1), running=RUNNING)
     assert invalid == []
     assert len(report.rows) == len(list(COMMITTED.glob("*.json"))) >= 2

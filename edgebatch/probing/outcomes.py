@@ -214,7 +214,7 @@ def peak_spread_fraction(outcomes: Sequence[Outcome]) -> float:
             continue
         in_new_processes = [o.peak_bytes for o in readings if o.forked is not True]
         high = max(in_new_processes or [o.peak_bytes for o in readings])
-        spreads.append(max(0.0, high / min(o.peak_bytes for o in readings) - 1))
+        spreads.append(high / min(o.peak_bytes for o in readings) - 1)
     return max(spreads, default=0.0)
 
 
