@@ -8,9 +8,10 @@ training does (see the optimizer below). Prints one JSON line:
 usage: python fresh_step.py MODEL_SPEC BATCH STEPS [ADDRESS_SPACE_HEADROOM_BYTES] [--seq-len=TOKENS]
                             [--precision=POLICY] [--optimize=qat|prune] [--inter-op-threads=N]
 
+A model with integer inputs (token ids into an Embedding) trains on random real tokens (ids from 1;
+0 is padding) fed as integers, fixed-length (text_cnn) or not.
 --seq-len: a model with a variable sequence axis (input (None,)) trains on TOKENS tokens per example,
-every one a real token (ids from 1; 0 is padding), with the step traced for any length, as training
-with padded batches traces it.
+with the step traced for any length, as training with padded batches traces it.
 --precision: the Keras mixed-precision policy (float32, the default, mixed_float16, mixed_bfloat16),
 set globally before the model is built (tf_keras's too with --optimize); the loss is taken on
 float32 logits. Under mixed_float16 the step does no loss scaling: memory, not convergence, is
@@ -91,10 +92,12 @@ def main():
                 layer.pruning_step.assign(0)
     classes = model.outputs[0].shape[-1]
     x_shape = tuple(model.inputs[0].shape[1:])
-    x_dtype = "float32"
-    if seq_len is not None:
-        x_dtype = model.inputs[0].dtype if isinstance(model.inputs[0].dtype, str) else model.inputs[0].dtype.name
+    x_dtype = model.inputs[0].dtype if isinstance(model.inputs[0].dtype, str) else model.inputs[0].dtype.name
+    integer_input = x_dtype.startswith("int")
+    if integer_input:
         vocabulary = next(layer.input_dim for layer in model.layers if type(layer).__name__ == "Embedding")
+    else:
+        x_dtype = "float32"
     data_shape = tuple(seq_len if dim is None else dim for dim in x_shape)
     # The optimizer's slots are made before the step is traced, as Keras 3's fit and edgebatch.fit
     # make them. Left to the first traced call, they cost mobilenet_v2 at batch 42 about 150 MiB
@@ -109,15 +112,15 @@ def main():
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
-    first = tf.zeros((1, *data_shape), x_dtype) if seq_len is None else tf.ones((1, *data_shape), x_dtype)
+    first = tf.ones((1, *data_shape), x_dtype) if integer_input else tf.zeros((1, *data_shape), x_dtype)
     train(first, tf.zeros((1,), tf.int32)).numpy()  # trace, as real training would
     if headroom is not None:
         resource.setrlimit(resource.RLIMIT_AS, (status_bytes("VmSize") + headroom, resource.RLIM_INFINITY))
     try:
-        if seq_len is None:
-            x = tf.random.uniform((batch, *data_shape))
-        else:
+        if integer_input:
             x = tf.random.uniform((batch, *data_shape), 1, vocabulary, x_dtype)
+        else:
+            x = tf.random.uniform((batch, *data_shape))
         y = tf.random.uniform((batch,), 0, classes, tf.int32)
         for _ in range(steps):
             train(x, y).numpy()
