@@ -118,10 +118,13 @@ PREWARM_STEPS = 5
 # mobilenet_v2 under 1.5 GiB 30, which fresh processes read at 1,551 MiB, over the budget (and 31 at
 # 1,436), so it was taken back; but the next benchmark run, prewarm at 8, answered 30 too, so the
 # prewarm's batch is not shown to be the cause (device_profiles/README.md, "Fresh workers from a
-# fork server"). The start batch is what was measured longest.
+# fork server"). The start batch is what was measured longest. That lift is the allocator's (the
+# prewarm grows TensorFlow's CPU pool in small regions first), and training does no prewarm, so
+# workers started as new processes with one inter-op thread run none (prewarm_of).
 
 
-def prewarm_of(batch: int, start_batch: int, capped: bool) -> tuple[int | None, int]:
+def prewarm_of(batch: int, start_batch: int, capped: bool, *, new_process: bool,
+               inter_op_threads: int = DEFAULT_INTER_OP_THREADS) -> tuple[int | None, int]:
     """(prewarm batch, prewarm steps) for a fresh worker whose first trial runs `batch`.
 
     Under an address-space cap none: the worker then does what the fresh-process truth does (trace
@@ -130,10 +133,30 @@ def prewarm_of(batch: int, start_batch: int, capped: bool) -> tuple[int | None, 
     processes (`python tools/capped_edge.py mlp --headroom-mib 256 --batches 21760,22607`). That
     alone did not make the capped mlp probe safe: without a prewarm its fork-server workers still
     ran 23500, which fresh capped processes fail (device_profiles/README.md).
+
+    None either for a worker started as a new process with one inter-op thread: it then runs what
+    training runs (the step traced at batch 1, then the batch), and reads what a training process
+    reads. A prewarm grows TensorFlow's CPU memory pool in small regions first, and the trial's
+    batch can then need one region more: probe workers read text_cnn at 799 at 1,265-1,266 MiB in
+    8 of 8 new processes after a prewarm at 8, and at 1,152-1,153 MiB in 14 of 15 without one, as
+    `tests/support/fresh_step.py` does (device_profiles/README.md, "Why: a step's peak is decided
+    by the allocator's growth in its first step"). Fork-server children keep the prewarm: without
+    one their readings were unsteady or low (transformer_tiny 1,531 then 1,619 MiB; small_cnn 7%
+    low below its bump with a prewarm at 1; the notes above PREWARM_STEPS). A child's reading above every new process's is not counted as spread
+    (outcomes.peak_spread_fraction).
     """
     if capped:
         return None, 0
+    if new_process and inter_op_threads == 1:
+        return None, 0
     return max(1, min(start_batch, batch // 2)), PREWARM_STEPS
+
+
+def _fresh_setup(setup: WorkerSetup, batch: int, start_batch: int, *, new_process: bool) -> WorkerSetup:
+    """`setup` with the prewarm a fresh worker whose first trial runs `batch` gets (prewarm_of)."""
+    prewarm, steps = prewarm_of(batch, start_batch, capped=bool(setup.address_space_headroom_bytes),
+                                new_process=new_process, inter_op_threads=setup.inter_op_threads)
+    return WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": steps})
 
 
 Progress = Callable[[str], None]
@@ -445,8 +468,7 @@ def _repeats_side_by_side(batch: int, count: int, config: SearchConfig, setup: W
     """`count` fresh trials at `batch` at once, each in a new worker process, in the order they were started."""
     from concurrent.futures import ThreadPoolExecutor
 
-    prewarm, steps = prewarm_of(batch, config.start_batch, capped=bool(setup.address_space_headroom_bytes))
-    fresh_setup = WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": steps})
+    fresh_setup = _fresh_setup(setup, batch, config.start_batch, new_process=True)
 
     def one(_: int) -> dict:
         # Closed before its thread ends: a worker dies with the thread that started it (PR_SET_PDEATHSIG).
@@ -478,9 +500,10 @@ def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: l
         workers.remove(worker)
     if usable is not None:
         return usable
-    prewarm, steps = prewarm_of(batch, config.start_batch, capped=bool(setup.address_space_headroom_bytes))
-    fresh_setup = WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": steps})
-    fresh = fork.start(fresh_setup) if fork is not None else start_worker(fresh_setup)
+    def setup_for(new_process: bool) -> WorkerSetup:
+        return _fresh_setup(setup, batch, config.start_batch, new_process=new_process)
+
+    fresh = fork.start(setup_for) if fork is not None else start_worker(setup_for(True))
     workers.append(fresh)
     return fresh
 
@@ -522,16 +545,17 @@ class _FreshWorkers:
         return self.server is not None and fits_side_by_side(count, self._room_bytes, self._budget_bytes,
                                                              os.cpu_count() or 1)
 
-    def start(self, setup: WorkerSetup) -> Worker:
+    def start(self, setup_for: Callable[[bool], WorkerSetup]) -> Worker:
+        """A fresh worker with the setup `setup_for(new_process)` gives for how it is started."""
         from edgebatch.probing.forkserver import ForkServerError
 
         if self.server is not None:
             try:
-                return start_worker(setup, server=self.server)
+                return start_worker(setup_for(False), server=self.server)
             except ForkServerError as error:
                 self._progress(f"  {error}; fresh workers start as new processes")
                 self.close()
-        return start_worker(setup)
+        return start_worker(setup_for(True))
 
     def close(self) -> None:
         if self.server is not None:

@@ -11,10 +11,11 @@ boundary fail. So:
   retained from earlier trials still lifts a scout's readings a little (conservative: on
   small_cnn the answer was 338 against a fresh-process truth of 342; on dense_wide 290 against
   332, see BENCHMARKS.md);
-- a fresh worker first runs a few cheap steps at a small batch (`prewarm`; api.prewarm_of says at
-  which batch, and none under an address-space cap), which steadies the reading (with TensorFlow's
-  inter-op pool the resident peak climbs for 5-11 steps:
-  docs/tensorflow-memory.md#peak-climbs-over-the-first-steps); an address-space cap
+- a fresh worker may first run a few cheap steps at a small batch (`prewarm`; api.prewarm_of says
+  when and at which batch: fork-server children and workers under TensorFlow's inter-op pool do,
+  whose resident peak climbs for 5-11 steps otherwise,
+  docs/tensorflow-memory.md#peak-climbs-over-the-first-steps; new processes with one inter-op
+  thread and capped workers do not, as training does not); an address-space cap
   (`address_space_headroom_bytes`) is set after any prewarm, over the worker's size then;
 - a worker that dies (segfault, SIGKILL) is an OOM outcome, and the probe goes on;
 - a worker that does not answer in time (`trial_deadline_seconds`, `STARTUP_DEADLINE_SECONDS`) is
