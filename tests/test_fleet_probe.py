@@ -148,8 +148,10 @@ def test_fleet_probe_writes_one_profile_per_node_and_reports_the_failing_one(clu
     cluster.wait_for_nodes()
     collection = tmp_path / "profiles"
     done = subprocess.run(
+        # One reading of each answer: this checks the fleet's plumbing, not the answers' safety, and a
+        # repeat is a new process with a TensorFlow import on each node.
         [sys.executable, "-m", "edgebatch", "fleet", "probe", "--address", cluster.address, "--model", DENSE_WIDE,
-         "--profiles-dir", str(collection), "--json"],
+         "--profiles-dir", str(collection), "--json", "--answer-readings", "1"],
         capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert done.returncode == 1, done.stderr[-3000:]
@@ -203,7 +205,8 @@ def test_a_node_that_disappears_mid_probe_is_reported_and_the_other_lands(cluste
         if line.startswith(f"[{doomed_label} CPU:0] model ") and doomed in cluster.worker_nodes:
             cluster.remove_node(doomed, allow_graceful=False)
 
-    results = fleet_probe(DENSE_WIDE, address=cluster.address, profiles_dir=tmp_path, progress=progress)
+    results = fleet_probe(DENSE_WIDE, address=cluster.address, profiles_dir=tmp_path, progress=progress,
+                          options={"answer_readings": 1})
     by_label = {result.label: result for result in results}
     assert doomed not in cluster.worker_nodes, "the node was never removed: " + "\n".join(lines[-20:])
     assert by_label[doomed_label].ok is False

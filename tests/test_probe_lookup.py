@@ -9,8 +9,9 @@ from edgebatch.errors import UsageError
 @pytest.fixture(scope="module")
 def mlp_profile(tmp_path_factory):
     directory = tmp_path_factory.mktemp("profiles")
-    # A limit of 64 keeps it to four small trials in one worker.
-    profile = probe("mlp", device="CPU:0", max_batch_limit=64, profiles_dir=directory)
+    # A limit of 64 keeps it to four small trials in one worker; one reading of the answer (a repeat
+    # is a new process with a TensorFlow import, and lookup does not depend on it).
+    profile = probe("mlp", device="CPU:0", max_batch_limit=64, profiles_dir=directory, answer_readings=1)
     return directory, profile
 
 

@@ -196,7 +196,8 @@ def test_real_ooms_under_an_address_space_cap_are_survived_and_the_answer_runs(t
 
 def test_trials_that_time_only_their_warm_up_step_are_marked_and_give_no_knee(tmp_path):
     # trial_seconds far below one step: every trial's timing is its warm-up step.
-    profile = probe("mlp", device="CPU:0", max_batch_limit=32, trial_seconds=1e-4, profiles_dir=tmp_path, save=False)
+    profile = probe("mlp", device="CPU:0", max_batch_limit=32, trial_seconds=1e-4, profiles_dir=tmp_path, save=False,
+                    answer_readings=1)
     ran = [t for t in profile.trials if t.measured and t.peak_bytes is not None]
     assert ran and all(t.steady is False for t in ran), [(t.batch, t.steady) for t in ran]
     assert profile.throughput_knee is None

@@ -234,7 +234,7 @@ def _probe_until_decided(directory, **options):
             raise _Stop(line)
 
     try:
-        profile = probe("mlp", device="CPU:0", profiles_dir=directory, progress=progress, **options)
+        profile = probe("mlp", device="CPU:0", profiles_dir=directory, progress=progress, answer_readings=1, **options)
     except _Stop as stop:
         return None, str(stop)
     return profile, next(line for line in lines if line.startswith("reusing"))
@@ -244,7 +244,9 @@ def _probe_until_decided(directory, **options):
 def test_the_probe_says_why_it_reused_or_probed_again(tmp_path):
     from edgebatch import probe
 
-    first = probe("mlp", device="CPU:0", memory_budget="4GiB", max_batch_limit=32, profiles_dir=tmp_path)
+    # One reading of the answer throughout (the same setting, so reuse is still decided by the others).
+    first = probe("mlp", device="CPU:0", memory_budget="4GiB", max_batch_limit=32, profiles_dir=tmp_path,
+                  answer_readings=1)
     saved = sorted(tmp_path.iterdir())
     again, line = _probe_until_decided(tmp_path, memory_budget="4GiB", max_batch_limit=32)
     assert again is not None and again.max_batch == first.max_batch and "budget within 3%" in line

@@ -22,7 +22,9 @@ from edgebatch.profiles import model_key
 HERE = Path(__file__).parent
 REPO = HERE.parent
 CNN = f"{HERE / 'models' / 'tf_keras_cnn.py'}:build"
-SMALL = {"device": "CPU:0", "memory_budget": "4GiB", "max_batch_limit": 32, "trial_seconds": 2.0}
+# One reading of the answer: these tests check what TFMOT's wrappers do in a probe, not the answer's
+# safety (tests/test_probe_real.py does), and each repeat is a new process with a TensorFlow import.
+SMALL = {"device": "CPU:0", "memory_budget": "4GiB", "max_batch_limit": 32, "trial_seconds": 2.0, "answer_readings": 1}
 
 
 def test_model_keys_without_optimize_are_the_committed_ones():
