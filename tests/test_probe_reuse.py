@@ -111,30 +111,51 @@ def test_the_probe_gives_new_process_workers_no_prewarm_and_fork_children_one(mo
     from edgebatch.probing.worker import WorkerSetup
 
     class StandIn:
+        step_seconds_per_sample = None
+
         def run_trial(self, batch):
+            self.deadline_seconds_per_sample = self.step_seconds_per_sample
             return {"batch": batch, "ok": False, "error": "oom"}
 
         def close(self):
             pass
 
-    started = []
+    started, workers = [], []
 
     def start_worker(setup, server=None):
         started.append((setup.prewarm_batch, setup.prewarm_steps, server))
-        return StandIn()
+        workers.append(StandIn())
+        return workers[-1]
 
     monkeypatch.setattr(api, "start_worker", start_worker)
     setup = WorkerSetup(model_spec="text_cnn")
     config = SearchConfig(budget_bytes=1280 * 2**20)
     api._worker_for(799, config, setup, [], fresh=True, fork=None)
     assert started.pop() == (None, 0, None), "a new process, as training starts: no prewarm"
-    api._repeats_side_by_side(799, 2, config, setup, "process_peak")
+    api._repeats_side_by_side(799, 2, config, setup, "process_peak", seconds_per_sample=0.004)
     assert started == [(None, 0, None)] * 2, "the answer's repeats are new processes"
+    # With no prewarm to time, the trial's deadline is foreseen from the search's own trials.
+    assert [worker.deadline_seconds_per_sample for worker in workers[-2:]] == [0.004, 0.004]
     started.clear()
     fork = api._FreshWorkers.__new__(api._FreshWorkers)
     fork.server, fork._progress = "a fork server", print
     api._worker_for(799, config, setup, [], fresh=True, fork=fork)
     assert started == [(8, api.PREWARM_STEPS, "a fork server")], "a fork-server child prewarms at the start batch"
+
+
+def test_a_fresh_workers_first_deadline_comes_from_the_slowest_step_per_sample_seen():
+    from edgebatch.probing.api import _seconds_per_sample_seen
+    from edgebatch.profiles.model import Trial
+
+    def trial(batch, step_seconds):
+        return Trial(batch=batch, ok=step_seconds is not None, error=None if step_seconds else "oom", peak_bytes=None,
+                     process_peak_bytes=None, allocator_peak_bytes=None, step_seconds=step_seconds,
+                     samples_per_second=None)
+
+    assert _seconds_per_sample_seen([]) is None
+    assert _seconds_per_sample_seen([trial(8, None)]) is None
+    # 8 at 0.4 s is 0.05 s a sample, 512 at 12.8 s 0.025: the slower rate, so the deadline errs long.
+    assert _seconds_per_sample_seen([trial(8, 0.4), trial(512, 12.8), trial(600, None)]) == 0.05
 
 
 def test_a_profile_from_before_inter_op_threads_were_recorded_counts_as_tensorflows_pool():

@@ -436,10 +436,13 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             for worker in workers:
                 worker.close()
             workers.clear()
-            new_trials = _repeats_side_by_side(step.batch, missing, config, setup, measure)
+            new_trials = _repeats_side_by_side(step.batch, missing, config, setup, measure,
+                                               seconds_per_sample=_seconds_per_sample_seen(trials))
             note = f"  (fresh worker, a new process; {missing} side by side)"
         else:
             worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh, fork=None if repeat else fork)
+            if worker.step_seconds_per_sample is None:
+                worker.step_seconds_per_sample = _seconds_per_sample_seen(trials)
             reply = worker.run_trial(step.batch)
             fresh = worker.trials_run == 1
             new_trials = [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=fresh,
@@ -464,8 +467,23 @@ def _record(trial: Trial, trials: list[Trial], outcomes: list[Outcome], config: 
                  f"here, so readings must now fit {format_bytes(effective_budget_bytes(outcomes, config.budget_bytes))}")
 
 
-def _repeats_side_by_side(batch: int, count: int, config: SearchConfig, setup: WorkerSetup, measure: str) -> list[Trial]:
-    """`count` fresh trials at `batch` at once, each in a new worker process, in the order they were started."""
+def _seconds_per_sample_seen(trials: list[Trial]) -> float | None:
+    """The slowest step seconds per sample among the trials that ran, or None before any did.
+
+    It foresees a fresh worker's first trial for its reply deadline (Worker.trial_deadline) when the
+    worker ran no prewarm to time (prewarm_of). Small batches overstate it, which only lengthens
+    the deadline. Pure.
+    """
+    rates = [trial.step_seconds / trial.batch for trial in trials if trial.step_seconds and trial.batch > 0]
+    return max(rates) if rates else None
+
+
+def _repeats_side_by_side(batch: int, count: int, config: SearchConfig, setup: WorkerSetup, measure: str,
+                          seconds_per_sample: float | None = None) -> list[Trial]:
+    """`count` fresh trials at `batch` at once, each in a new worker process, in the order they were started.
+
+    `seconds_per_sample` foresees the trial's step time for its deadline (_seconds_per_sample_seen).
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     fresh_setup = _fresh_setup(setup, batch, config.start_batch, new_process=True)
@@ -473,6 +491,8 @@ def _repeats_side_by_side(batch: int, count: int, config: SearchConfig, setup: W
     def one(_: int) -> dict:
         # Closed before its thread ends: a worker dies with the thread that started it (PR_SET_PDEATHSIG).
         worker = start_worker(fresh_setup)
+        if worker.step_seconds_per_sample is None:
+            worker.step_seconds_per_sample = seconds_per_sample
         try:
             return worker.run_trial(batch)
         finally:
