@@ -142,8 +142,8 @@ def prewarm_of(batch: int, start_batch: int, capped: bool, *, new_process: bool,
     `tests/support/fresh_step.py` does (device_profiles/README.md, "Why: a step's peak is decided
     by the allocator's growth in its first step"). Fork-server children keep the prewarm: without
     one their readings were unsteady or low (transformer_tiny 1,531 then 1,619 MiB; small_cnn 7%
-    low below its bump with a prewarm at 1; the notes above PREWARM_STEPS). A child's reading above every new process's is not counted as spread
-    (outcomes.peak_spread_fraction).
+    low below its bump with a prewarm at 1; the notes above PREWARM_STEPS). A child's reading above
+    every new process's is not counted as spread (outcomes.peak_spread_fraction).
     """
     if capped:
         return None, 0
@@ -520,6 +520,7 @@ def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: l
         workers.remove(worker)
     if usable is not None:
         return usable
+
     def setup_for(new_process: bool) -> WorkerSetup:
         return _fresh_setup(setup, batch, config.start_batch, new_process=new_process)
 
