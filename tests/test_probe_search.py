@@ -616,3 +616,38 @@ def test_an_out_of_memory_failure_in_a_fresh_worker_is_a_transient_only_below_ha
     assert edge_of([Outcome(16, False, fresh=True), fit], 1000 * MIB).hi is None
     near = Outcome(334 // OOM_TRANSIENT_RATIO + 1, False, fresh=True)
     assert edge_of([near, fit], 1000 * MIB).hi == near.batch
+
+
+def test_a_bump_only_fork_server_children_read_is_read_again_in_a_new_process():
+    """small_cnn under 1.5 GiB (Intel Xeon, 2026-12-05): children met the high band from ~298,
+    new processes (training's kind of process) from 328; the probe answered 294-297 against 327.
+    A bump read only in children is read in a new process before it bounds the answer."""
+    budget = int(1536 * MIB * 0.99)
+    line = linear(722, 2.4)
+
+    def peak(batch, forked):
+        band_start = 298 if forked else 328
+        return int(line(batch) + (260 * MIB if band_start <= batch <= 400 else 0))
+
+    outcomes, new_process_runs = [], []
+    for _ in range(60):
+        step = next_step(SearchConfig(budget_bytes=budget), outcomes)
+        if isinstance(step, Done):
+            break
+        if isinstance(step, Skip):
+            outcomes.append(Outcome(step.batch, ran=False, peak_bytes=step.predicted_peak_bytes, measured=False))
+            continue
+        # As api._search starts them: a fresh trial of a batch with a fresh reading already is a
+        # new process, other fresh trials are fork-server children; the first worker is a new process.
+        again = any(o.batch == step.batch and o.fresh and o.measured for o in outcomes)
+        forked = step.fresh and not again and bool(outcomes)
+        if step.fresh and again:
+            new_process_runs.append(step.batch)
+        outcomes.append(Outcome(step.batch, ran=True, peak_bytes=peak(step.batch, forked), fresh=step.fresh,
+                                forked=forked if step.fresh else None))
+    assert isinstance(step, Done), step
+    truth = max(b for b in range(1, 500) if peak(b, forked=False) <= budget)
+    assert truth == 327
+    assert 0.97 * truth <= step.max_batch <= truth, (step.max_batch, new_process_runs)
+    # The answer's own repeats aside, some bump was read again in a new process.
+    assert any(batch != step.max_batch for batch in new_process_runs), new_process_runs

@@ -120,6 +120,9 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
         return Done(lo)
     else:
         if config.strategy == "slow_start" and config.fresh_endgame and model is not None:
+            reread = _reread_childs_bump(config, outcomes, hi, model)
+            if reread is not None:
+                return reread
             confirm = _confirm_above_bump(config, outcomes, hi, cap, model)
             if confirm is not None:
                 return confirm
@@ -214,6 +217,29 @@ def _confirm_above_bump(
         )
     candidate = min(candidate, cap)
     return Run(candidate, fresh=True) if candidate >= top.batch + tolerance_step else None
+
+
+def _reread_childs_bump(config: SearchConfig, outcomes: Sequence[Outcome], hi: int, model: MemoryModel) -> Run | None:
+    """A fresh trial at the failure `hi` again when only fork-server children read it, over budget and
+    above the line by more than the noise (a bump); else None.
+
+    Children and new processes can meet a bump at different batches. small_cnn under 1.5 GiB on an
+    Intel Xeon host (tests/test_probe_real.py, 2026-12-05): children read 299-303 at 1.56-1.57 GiB,
+    with a prewarm or without, where new processes fit every batch up to 327, and the probe answered
+    294-297 in 3 runs of 4. Training runs in a new process, so such a bump is read in one before it
+    bounds the answer (the api runs a fresh trial of a batch that already has a fresh reading in a
+    new process). If that fits, the child's failure is contradicted (outcomes.edge_of) and the search
+    goes on above it; if not, the bump is confirmed as before (_confirm_above_bump).
+    """
+    fresh = [o for o in outcomes if o.batch == hi and o.fresh and o.measured]
+    if not fresh or any(o.forked is not True for o in fresh):
+        return None
+    readings = [o.peak_bytes for o in fresh if o.reading]
+    if len(readings) < len(fresh):
+        return None  # a child ran out of memory there for real: no reading to call a bump
+    if bump_excess_bytes(model, readings_of(outcomes), hi, min(readings)) <= 0:
+        return None
+    return Run(hi, fresh=True)
 
 
 def _fresh_endgame(step: Step, outcomes: Sequence[Outcome], hi: int | None, model: MemoryModel | None) -> Step:
