@@ -30,7 +30,8 @@ Strategies:
   Peaks are not monotone in batch at fine scale (small_cnn in fresh processes: 300 read 1548 MiB,
   310 read 1421 MiB). A fresh failure that sits above the trusted line by more than the noise
   (memory_fit.bump_excess_bytes) while the line puts it within the budget is a bump, not the
-  ceiling: before answering, up to two fresh trials higher up look past it (_confirm_above_bump).
+  ceiling: a bump only fork-server children read is read again in a new process first
+  (_reread_childs_bump), then up to two fresh trials higher up look past it (_confirm_above_bump).
   If one fits, the bump is contradicted and the search goes on above it; if they fail too, the
   bump stands as the ceiling, and the answer keeps config.bump_edge_fraction below it
   (_clear_of_bump): with TensorFlow's inter-op pool, where a bump begins differs between processes.
