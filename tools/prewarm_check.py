@@ -12,6 +12,10 @@ trial (worker.py). Prints each peak, the medians and each arm's median against t
     python tools/prewarm_check.py                                   # the cases below, 3 repeats
     python tools/prewarm_check.py --case small_cnn:320 --repeats 5 --out prewarm.json
     python tools/prewarm_check.py --case text_cnn:688 --prewarm-batches 0,4,8
+    python tools/prewarm_check.py --case text_cnn:799 --new-process --repeats 8
+
+--new-process starts each worker as a new Python process instead of forking it from the fork server
+(how the answer's repeats and a default-budget probe's workers start).
 """
 
 from __future__ import annotations
@@ -75,9 +79,10 @@ def main() -> None:
     parser.add_argument("--case", action="append", help="MODEL:BATCH[:TOKENS]; repeatable")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prewarm-batches", default="0,8", help="comma-separated prewarm batches, 0: no prewarm")
+    parser.add_argument("--new-process", action="store_true", help="start workers as new processes, not fork-server children")
     parser.add_argument("--out", help="write the readings as JSON here")
     args = parser.parse_args()
-    server = ForkServer(worker_environment("CPU:0"))
+    server = None if args.new_process else ForkServer(worker_environment("CPU:0"))
     results = []
     try:
         for case in args.case or DEFAULT_CASES:
@@ -97,9 +102,11 @@ def main() -> None:
                 print(f"{case} {arm:>10} median {median / MIB:.1f} MiB  x{ratio:.4f} of fresh", flush=True)
             results.append({"case": case, "peaks_bytes": arms})
     finally:
-        server.close()
+        if server is not None:
+            server.close()
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps({"inter_op_threads": 1, "prewarm_steps": PREWARM_STEPS, "cases": results}, indent=1) + "\n")
+        pathlib.Path(args.out).write_text(json.dumps({"inter_op_threads": 1, "prewarm_steps": PREWARM_STEPS,
+                                                      "new_process": args.new_process, "cases": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -139,7 +139,8 @@ def prewarm_of(batch: int, start_batch: int, capped: bool, *, new_process: bool,
     reads. A prewarm grows TensorFlow's CPU memory pool in small regions first, and the trial's
     batch can then need one region more: probe workers read text_cnn at 799 at 1,265-1,266 MiB in
     8 of 8 new processes after a prewarm at 8, and at 1,152-1,153 MiB in 14 of 15 without one, as
-    `tests/support/fresh_step.py` does (device_profiles/README.md, "Why: a step's peak is decided
+    `tests/support/fresh_step.py` does (`python tools/prewarm_check.py --case text_cnn:799
+    --new-process`; device_profiles/README.md, "Why: a step's peak is decided
     by the allocator's growth in its first step"). Fork-server children keep the prewarm: without
     one their readings were unsteady or low (transformer_tiny 1,531 then 1,619 MiB; small_cnn 7%
     low below its bump with a prewarm at 1; the notes above PREWARM_STEPS). A child's reading above
