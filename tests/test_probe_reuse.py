@@ -297,3 +297,53 @@ def test_repeats_of_the_answer_run_side_by_side_only_with_room_for_each_and_a_co
     assert not fits_side_by_side(2, 2 * GIB + FORK_SERVER_RESERVE_BYTES - 1, GIB, cores=2)
     assert fits_side_by_side(2, 2 * GIB + FORK_SERVER_RESERVE_BYTES, GIB, cores=2)
     assert not fits_side_by_side(2, None, GIB, cores=2)
+
+
+def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatch):
+    """A children-only bump is read again by one new process, the answer's missing repeats by
+    several side by side (search.Run.readings); counted where api._search starts workers."""
+    from edgebatch.probing import api
+    from edgebatch.probing.search import Done, Run, SearchConfig
+    from edgebatch.probing.worker import WorkerSetup
+
+    class StandIn:
+        step_seconds_per_sample = None
+        trials_run = 0
+        forked = False
+
+        def run_trial(self, batch):
+            self.trials_run += 1
+            return {"batch": batch, "ok": True, "process_peak_bytes": 100 * 2**20, "step_seconds": 0.1,
+                    "samples_per_second": 10.0}
+
+        def close(self):
+            pass
+
+    started = []
+
+    def start_worker(setup, server=None):
+        started.append(server)
+        worker = StandIn()
+        worker.forked = server is not None
+        return worker
+
+    class Fork:
+        server = "a fork server"
+
+        def side_by_side(self, count):
+            return True
+
+        def start(self, setup_for):
+            return start_worker(setup_for(False), server=self.server)
+
+    script = iter([Run(300, fresh=True), Run(300, fresh=True, readings=1), Run(300, fresh=True, readings=2),
+                   Done(300)])
+    monkeypatch.setattr(api, "start_worker", start_worker)
+    monkeypatch.setattr(api, "next_step", lambda config, outcomes: next(script))
+    config = SearchConfig(budget_bytes=1280 * 2**20)
+    trials, done = api._search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lambda line: None,
+                               fork=Fork())
+    assert done == Done(300)
+    # A child first, then one new process for readings=1, then two side by side for readings=2.
+    assert started == ["a fork server", None, None, None]
+    assert [trial.forked for trial in trials] == [True, False, False, False]

@@ -430,8 +430,8 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
         # "Peaks that differ between processes").
         tried = sum(1 for o in outcomes if o.batch == step.batch and o.fresh and o.measured)
         repeat = step.fresh and tried > 0
-        missing = config.answer_readings - tried
-        if repeat and missing > 1 and fork is not None and fork.side_by_side(missing):
+        missing = step.readings if repeat else 1
+        if missing > 1 and fork is not None and fork.side_by_side(missing):
             # What is left of the repeats runs at once, each in its own new process: their imports
             # overlap, and the machine has room for them (_FreshWorkers.side_by_side).
             for worker in workers:

@@ -137,8 +137,16 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Run:
+    """Run a trial at `batch`; `fresh`: in a worker that has run no other trial batch.
+
+    `readings`: how many fresh workers read the batch, where a fresh worker already read it (a
+    repeat): each is a new process, side by side where the device has room (api._search). A first
+    reading of a batch is always one trial.
+    """
+
     batch: int
     fresh: bool = False
+    readings: int = 1
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,8 @@ def _repeat_answer(config: SearchConfig, outcomes: Sequence[Outcome], done: Done
         return done
     # Every fresh trial of the batch counts, an out-of-memory one too: at most answer_readings each.
     tried = sum(1 for o in outcomes if o.batch == done.max_batch and o.fresh and o.measured)
-    return Run(done.max_batch, fresh=True) if tried < config.answer_readings else done
+    missing = config.answer_readings - tried
+    return Run(done.max_batch, fresh=True, readings=missing) if missing > 0 else done
 
 
 def _clear_of_bump(config: SearchConfig, outcomes: Sequence[Outcome], done: Done, hi: int | None,
@@ -230,7 +231,9 @@ def _reread_childs_bump(config: SearchConfig, outcomes: Sequence[Outcome], hi: i
     294-297 in 3 runs of 4. Training runs in a new process, so such a bump is read in one before it
     bounds the answer (the api runs a fresh trial of a batch that already has a fresh reading in a
     new process). If that fits, the child's failure is contradicted (outcomes.edge_of) and the search
-    goes on above it; if not, the bump is confirmed as before (_confirm_above_bump).
+    goes on above it; if not, the bump is confirmed as before (_confirm_above_bump). One new process
+    reads it: a second would double the cost (a TensorFlow import each) to settle what the first
+    already settles either way.
     """
     fresh = [o for o in outcomes if o.batch == hi and o.fresh and o.measured]
     if not fresh or any(o.forked is not True for o in fresh):
@@ -240,7 +243,7 @@ def _reread_childs_bump(config: SearchConfig, outcomes: Sequence[Outcome], hi: i
         return None  # a child ran out of memory there for real: no reading to call a bump
     if bump_excess_bytes(model, readings_of(outcomes), hi, min(readings)) <= 0:
         return None
-    return Run(hi, fresh=True)
+    return Run(hi, fresh=True, readings=1)
 
 
 def _fresh_endgame(step: Step, outcomes: Sequence[Outcome], hi: int | None, model: MemoryModel | None) -> Step:
