@@ -128,6 +128,10 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
         },
         "per_length": {str(k): {"max_batch": v.max_batch, "safe_batch": v.safe_batch, "peak_bytes": v.peak_bytes}
                        for k, v in sorted(profile.per_length.items())},
+        # Every trial the token model could be fitted on, so another form can be refitted offline.
+        "trial_readings": [{"length": t.seq_len, "batch": t.batch, "peak_bytes": t.peak_bytes, "ok": t.ok,
+                            "fresh": t.fresh, "forked": t.forked}
+                           for t in profile.trials if t.measured and t.peak_bytes is not None],
         "rows": rows,
         "fresh_checks": [{"length": key[2], "batch": key[1], "ran": value["ran"], "peak_bytes": value["peak_bytes"],
                           "seconds": value["seconds"]} for key, value in sorted(checks.items(), key=lambda kv: kv[0][1:])],
