@@ -62,3 +62,23 @@ def test_a_method_failure_below_the_ceiling_that_fits_fresh_is_noise(monkeypatch
     truth, checked = measure(monkeypatch, lambda b: b <= 342, found=[293, 340], hints=[300, 344])
     assert 300 in checked
     assert truth["failures_below_ceiling"] == [] and truth["edge_below_first_failure"] is None
+
+
+def test_a_truth_whose_share_is_spent_still_gets_its_floor_within_the_section():
+    now = [0.0]
+    left = probe_truth.truth_seconds_left(lambda: -50.0, lambda: 1000.0 - now[0], floor_seconds=300.0,
+                                          clock=lambda: now[0])
+    assert left() == 300.0
+    now[0] = 200.0
+    assert left() == 100.0
+    now[0] = 320.0
+    assert left() == -20.0, "past the floor, the spent share decides"
+
+
+def test_the_floor_never_runs_past_the_sections_allowance_and_a_larger_share_stands():
+    now = [0.0]
+    left = probe_truth.truth_seconds_left(lambda: -50.0, lambda: 120.0 - now[0], floor_seconds=300.0,
+                                          clock=lambda: now[0])
+    assert left() == 120.0
+    share = probe_truth.truth_seconds_left(lambda: 900.0, lambda: 1000.0, floor_seconds=300.0, clock=lambda: 0.0)
+    assert share() == 900.0

@@ -26,7 +26,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 from harness import MIB, ROOT, Deadline, Mode, capped_malloc_arenas, log, ratio_stat, stat_of
-from probe_truth import judge, measure_truth
+from probe_truth import judge, measure_truth, truth_seconds_left
 
 # (strategy, start batch). Accelerate's finder starts at its default 128 and only shrinks; the
 # one-shot estimate calibrates at 1; the rest start where the probe does.
@@ -170,12 +170,12 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
     }
 
 
-def run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until) -> dict:
+def run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until, section_until=None) -> dict:
     with capped_malloc_arenas() if scenario.headroom_bytes else nullcontext():
-        return _run_scenario(scenario, repeats, methods_until, truth_until)
+        return _run_scenario(scenario, repeats, methods_until, truth_until, section_until or truth_until)
 
 
-def _run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until) -> dict:
+def _run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until, section_until) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name, _ in METHODS}
     skipped = []
     cost = {name: FIRST_RUN_GUESS_SECONDS for name, _ in METHODS}
@@ -194,7 +194,8 @@ def _run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until) 
     hints = [t["batch"] for method in runs.values() for r in method for t in r["trial_log"] if t["measured"] and not t["ok"]]
     truth = measure_truth(
         scenario.model, found, hints,
-        budget_bytes=scenario.budget_bytes, headroom_bytes=scenario.headroom_bytes, seconds_left=truth_until,
+        budget_bytes=scenario.budget_bytes, headroom_bytes=scenario.headroom_bytes,
+        seconds_left=truth_seconds_left(truth_until, section_until),
     )
     # Lightning's binsearch hands back its answer less a 5% margin (margin=0.05, binsearch only); the
     # search strategy here stops before that step, so the margin is applied to the same runs.
@@ -271,6 +272,7 @@ def run(mode: Mode, deadline: Deadline, methods_end: float, truth_end: float) ->
             scenario, repeats[index],
             methods_until=lambda stop=now + share * methods_share: deadline.until(stop),
             truth_until=lambda stop=now + share: deadline.until(stop),
+            section_until=lambda: deadline.until(truth_end),
         )
         result["repeats"] = repeats[index]
         results.append(result)

@@ -26,6 +26,12 @@ CHECK_TIMEOUT_SECONDS = 300
 # Largest number of fresh processes one truth may start, so a pathological case cannot eat a run.
 MAX_CHECKS = 14
 PARALLEL_CHECKS = 2
+# A scenario's truth may always take this long, while its section's allowance lasts, even when the
+# scenario's methods used up its share: at 2e04e3d mobilenet_v2's slow_start (154 s) and
+# shrink_x0.9 (158 s) left its truth two checks, 36 and 37, both failures, and every method's
+# answer went unjudged, with about 750 s of the probe section's allowance left. A full mobilenet_v2
+# truth took 338 s of child time in two-way parallel checks (a targeted rerun, 8 checks).
+TRUTH_FLOOR_SECONDS = 300.0
 # New processes a batch must fit in to count as fitting: on an AMD EPYC host one batch reads
 # differently in every process (mobilenet_v2 at 30: 1,364-1,552 MiB), and the probe reads its
 # answer in three (edgebatch.probing.outcomes.ANSWER_READINGS). A failure ends a check early.
@@ -82,6 +88,22 @@ def repeated_check(model_spec: str, batch: int, budget_bytes: int | None, headro
     chosen = failed[0] if failed else max(results, key=lambda r: r["peak_bytes"] or 0)
     return {**chosen, "peaks": [r["peak_bytes"] for r in results],
             "seconds": round(sum(r["seconds"] for r in results), 2)}
+
+
+def truth_seconds_left(share_left, section_left, floor_seconds: float = TRUTH_FLOOR_SECONDS, clock=None):
+    """`seconds_left` for measure_truth: the scenario's share (`share_left()`), or, while the truth
+    has run less than `floor_seconds`, what is left of that floor, never past the section's
+    allowance (`section_left()`). The clock starts when this is called."""
+    import time
+
+    clock = clock or time.monotonic
+    started = clock()
+
+    def left() -> float:
+        floor_left = floor_seconds - (clock() - started)
+        return max(share_left(), min(floor_left, section_left()))
+
+    return left
 
 
 def measure_truth(
