@@ -14,6 +14,7 @@ ceiling (`failures_below_ceiling`) instead of hiding it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -94,8 +95,6 @@ def truth_seconds_left(share_left, section_left, floor_seconds: float = TRUTH_FL
     """`seconds_left` for measure_truth: the scenario's share (`share_left()`), or, while the truth
     has run less than `floor_seconds`, what is left of that floor, never past the section's
     allowance (`section_left()`). The clock starts when this is called."""
-    import time
-
     clock = clock or time.monotonic
     started = clock()
 
