@@ -635,10 +635,9 @@ def simulate_with_fork_server(config, peak_of, limit=80):
             outcomes.append(Outcome(step.batch, ran=False, peak_bytes=step.predicted_peak_bytes, measured=False))
             continue
         again = any(o.batch == step.batch and o.fresh and o.measured for o in outcomes)
-        forked = step.fresh and not again and bool(outcomes)
+        forked = (not again and bool(outcomes)) if step.fresh else None
         if step.fresh and again and step.batch not in rereads:
             rereads[step.batch] = step.readings
-        forked = forked if step.fresh else None
         outcomes.append(Outcome(step.batch, ran=True, peak_bytes=peak_of(step.batch, forked), fresh=step.fresh,
                                 forked=forked))
     raise AssertionError(f"search did not finish in {limit} steps: {outcomes}")
