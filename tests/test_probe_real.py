@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from edgebatch.probing import probe
-from edgebatch.probing.api import bump_edge_fraction
+from edgebatch.probing.api import bump_edge_fraction, fit_budget_bytes
+from edgebatch.probing.summary import judged_budget_bytes
 from edgebatch.probing.worker import DEFAULT_INTER_OP_THREADS
 
 HERE = Path(__file__).parent
@@ -114,13 +115,19 @@ def test_profile_is_coherent(small_cnn_profile):
     fitted = [t for t in profile.trials if t.ok]
     assert all(t.peak_bytes <= SMALL_CNN_BUDGET for t in fitted)
     assert profile.max_batch in {t.batch for t in fitted}
-    # A fit above the answer is only one the answer keeps clear of: within the bump edge fraction
-    # under a bump that stands above it (search._clear_of_bump; none with one inter-op thread).
-    edge_fraction = bump_edge_fraction(profile.search["inter_op_threads"])
-    above = [t.batch for t in fitted if t.batch > profile.max_batch]
+    # A fit above the answer is only one the answer keeps clear of. Either it fits the fitting limit
+    # but not the budget the search judged by once repeated readings of one batch differed
+    # (summary.judged_budget_bytes): on 2026-12-05 a child fitted 331 and a new process read it
+    # over, and the answer was 327. Or it lies within the bump edge fraction under a bump that
+    # stands above it (search._clear_of_bump; none with one inter-op thread).
+    inter_op_threads = profile.search["inter_op_threads"]
+    judged = judged_budget_bytes(profile.trials, fit_budget_bytes(SMALL_CNN_BUDGET, inter_op_threads))
+    fits_judged = [t for t in fitted if t.peak_bytes <= judged]
+    above = [t.batch for t in fits_judged if t.batch > profile.max_batch]
     if above:
         bump = min(t.batch for t in profile.trials if not t.ok and t.batch > profile.max_batch)
-        assert profile.max_batch == max(t.batch for t in fitted if t.batch <= bump * (1 - edge_fraction))
+        edge_fraction = bump_edge_fraction(inter_op_threads)
+        assert profile.max_batch == max(t.batch for t in fits_judged if t.batch <= bump * (1 - edge_fraction))
     assert profile.throughput_knee in {t.batch for t in fitted}
     assert all(t.steady for t in fitted), "small_cnn's steps take well under trial_seconds: steady timings"
     # Fresh trials say what their worker was: the answer's repeats are new processes, and under this
