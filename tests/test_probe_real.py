@@ -117,9 +117,10 @@ def test_profile_is_coherent(small_cnn_profile):
     assert profile.max_batch in {t.batch for t in fitted}
     # A fit above the answer is only one the answer keeps clear of. Either it fits the fitting limit
     # but not the budget the search judged by once repeated readings of one batch differed
-    # (summary.judged_budget_bytes): on 2026-12-05 a child fitted 331 and a new process read it
-    # over, and the answer was 327. Or it lies within the bump edge fraction under a bump that
-    # stands above it (search._clear_of_bump; none with one inter-op thread).
+    # (summary.judged_budget_bytes): the likeliest reading of a failure on 2026-12-05, answer 327
+    # with a fit at 331, is a child that fitted 331 and a new process that read it over. Or it lies
+    # within the bump edge fraction under a bump that stands above it (search._clear_of_bump; none
+    # with one inter-op thread).
     inter_op_threads = profile.search["inter_op_threads"]
     judged = judged_budget_bytes(profile.trials, fit_budget_bytes(SMALL_CNN_BUDGET, inter_op_threads))
     fits_judged = [t for t in fitted if t.peak_bytes <= judged]
@@ -127,7 +128,8 @@ def test_profile_is_coherent(small_cnn_profile):
     if above:
         bump = min(t.batch for t in profile.trials if not t.ok and t.batch > profile.max_batch)
         edge_fraction = bump_edge_fraction(inter_op_threads)
-        assert profile.max_batch == max(t.batch for t in fits_judged if t.batch <= bump * (1 - edge_fraction))
+        trials = [(t.batch, t.peak_bytes, t.ok, t.fresh, t.forked) for t in profile.trials]
+        assert profile.max_batch == max(t.batch for t in fits_judged if t.batch <= bump * (1 - edge_fraction)), trials
     assert profile.throughput_knee in {t.batch for t in fitted}
     assert all(t.steady for t in fitted), "small_cnn's steps take well under trial_seconds: steady timings"
     # Fresh trials say what their worker was: the answer's repeats are new processes, and under this
