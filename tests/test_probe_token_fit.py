@@ -125,3 +125,21 @@ def test_a_profiles_ceiling_at_any_length_uses_its_budget_margin_and_headroom():
                               budget_bytes=2048 * MIB, headroom=0.1, search={"inter_op_threads": 1})
     assert token_fit.profile_ceiling_at_length(one_thread, 256).max_batch == model.batch_for_bytes(2048 * MIB * 0.99, 256)
     assert model.batch_for_bytes(2048 * MIB * 0.99, 256) > predicted.max_batch
+
+
+def test_the_forms_tool_refits_a_kept_run_as_the_probe_did():
+    """tools/token_model_forms.py's first form is the probe's own fit: on the kept b8a3557 run it
+    predicts what the run's profile predicted at 128 tokens (device_profiles/README.md quotes it)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    results = root / "tools" / "bench" / "results" / "seq_lens_trial_readings_b8a3557.json"
+    predicted = {row["length"]: row["predicted_max_batch"] for row in json.loads(results.read_text())["rows"]}
+    out = subprocess.run([sys.executable, str(root / "tools" / "token_model_forms.py"), str(results)],
+                         capture_output=True, text=True, check=True).stdout
+    probe_line = next(line for line in out.splitlines() if line.startswith("probe's form"))
+    assert f"128: {predicted[128]}," in probe_line, probe_line
+    assert "RMS" in out and out.count("predicted ceilings") == 4
