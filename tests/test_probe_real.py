@@ -154,7 +154,7 @@ def test_slow_start_needs_fewer_trials_than_plain_doubling_and_bisection(small_c
     slow_trials = sum(t.measured for t in small_cnn_profile.trials)
     plain_trials = sum(t.measured for t in plain.trials)
     # Fresh trials that read a batch a fresh worker already read (the answer's repeats,
-    # search._repeat_answer, and a children-only bump read again, search._reread_childs_bump: new
+    # search._repeat_answer, and a children-only bump read again, search._reread_childs_failure: new
     # processes, checks binsearch does not make) are counted apart: the search itself must take
     # fewer trials.
     fresh_seen, repeats = set(), 0
