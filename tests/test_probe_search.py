@@ -688,3 +688,30 @@ def test_a_childs_near_miss_that_bounds_the_answer_is_read_again_in_a_new_proces
     assert all(o.peak_bytes <= budget * (1 + CHILD_LIFT_FRACTION) for o in outcomes
                if o.forked and o.batch in rereads), outcomes
     assert sum(1 for o in outcomes if o.batch == step.max_batch and o.fresh) == ANSWER_READINGS
+
+
+def test_a_childs_failure_the_line_already_puts_over_budget_is_not_read_again_as_a_bump():
+    """mobilenet_v2 under 1.5 GiB (Intel Xeon, stop 27, targeted run at e3f0f9d): a child read 34 at
+    1,563.1 MiB where the line put 34 at 1,533.6 MiB, over the budget. Read again as a bump, a new
+    process drew a low value (1,455.9 MiB), the child's failure stopped counting, and the probe
+    answered 36, which a fresh process then read at 1,564.9 MiB. A bump is a failure above a line
+    that puts it within the budget (module docstring); over a line that does not, it is the
+    line's ceiling, and it bounds the answer as it is."""
+    budget = int(1536 * MIB * 0.99)
+
+    def o(batch, peak_mib, fresh=True, forked=True, ran=True, measured=True):
+        return Outcome(batch, ran=ran, peak_bytes=int(peak_mib * MIB), fresh=fresh, forked=forked, measured=measured)
+
+    outcomes = [
+        o(8, 1119.9, forked=None), o(16, 1258.8, fresh=False, forked=None), o(32, 1527.0, fresh=False, forked=None),
+        o(31, 1522.0), o(31, 1504.3, forked=False), o(32, 1493.9),
+        o(33, 1523.3, ran=False, fresh=False, forked=None, measured=False), o(33, 1521.7), o(33, 1502.6, forked=False),
+        o(34, 1533.6, ran=False, fresh=False, forked=None, measured=False), o(34, 1563.1),
+    ]
+    model = usable_model(outcomes)
+    assert model is not None and model.predict_bytes(34) > budget
+    config = SearchConfig(budget_bytes=budget, bump_edge_fraction=0.0)  # one inter-op thread (api.bump_edge_fraction)
+    step = next_step(config, outcomes)
+    assert step == Run(33, fresh=True, readings=1), step  # the answer's last reading, not 34 again
+    step = next_step(config, outcomes + [o(33, 1498.1, forked=False)])
+    assert step == Done(33), step
