@@ -691,7 +691,7 @@ def test_a_childs_near_miss_that_bounds_the_answer_is_read_again_in_a_new_proces
 
 
 def test_a_childs_failure_the_line_already_puts_over_budget_is_not_read_again_as_a_bump():
-    """mobilenet_v2 under 1.5 GiB (Intel Xeon, stop 27, targeted run at e3f0f9d): a child read 34 at
+    """mobilenet_v2 under 1.5 GiB (Intel Xeon, tools/bench/results/probe_mobilenet_v2_targeted_e3f0f9d.json): a child read 34 at
     1,563.1 MiB where the line put 34 at 1,533.6 MiB, over the budget. Read again as a bump, a new
     process drew a low value (1,455.9 MiB), the child's failure stopped counting, and the probe
     answered 36, which a fresh process then read at 1,564.9 MiB. A bump is a failure above a line

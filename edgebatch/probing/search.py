@@ -31,8 +31,8 @@ Strategies:
   310 read 1421 MiB). A fresh failure that sits above the trusted line by more than the noise
   (memory_fit.bump_excess_bytes) while the line puts it within the budget is a bump, not the
   ceiling: a bump only fork-server children read is read again in a new process first
-  (_reread_childs_failure, which does the same for a child's failure within CHILD_LIFT_FRACTION of
-  the budget), then up to two fresh trials higher up look past it (_confirm_above_bump).
+  (_reread_childs_failure, which does the same for a child's failure within CHILD_LIFT_FRACTION
+  over the budget), then up to two fresh trials higher up look past it (_confirm_above_bump).
   If one fits, the bump is contradicted and the search goes on above it; if they fail too, the
   bump stands as the ceiling, and the answer keeps config.bump_edge_fraction below it
   (_clear_of_bump): with TensorFlow's inter-op pool, where a bump begins differs between processes.
@@ -234,17 +234,18 @@ def _confirm_above_bump(
 def _reread_childs_failure(config: SearchConfig, outcomes: Sequence[Outcome], hi: int, model: MemoryModel) -> Run | None:
     """A fresh trial at the failure `hi` again, in a new process, when only fork-server children read it
     over budget, and their readings are a bump (above the line by more than the noise) or a near miss
-    (within CHILD_LIFT_FRACTION of the budget); else None.
+    (within CHILD_LIFT_FRACTION over the budget); else None.
 
     Children and new processes can meet the edge at different batches, and training runs in a new
-    process. Bumps (where the line puts `hi` within the budget): small_cnn under 1.5 GiB on an Intel Xeon host (tests/test_probe_real.py,
-    2026-12-05): children read 299-303 at 1.56-1.57 GiB, with a prewarm or without, where new
-    processes fit every batch up to 327, and the probe answered 294-297 in 3 runs of 4. Near misses:
-    mobilenet_v2 under 1.5 GiB (BENCHMARKS.md's targeted run at 2e04e3d): children failed 33 and 34
-    by 0.4-1.3 MiB where new processes fit every batch up to 35, and the probe answered 32. So such
-    a failure is read in a new process before it bounds the answer (the api runs a fresh trial of
-    a batch that already has a fresh reading in a new process). If that fits, the child's failure
-    is contradicted (outcomes.edge_of) and the search goes on above it; if not, it bounds the answer
+    process. Bumps (where the line puts `hi` within the budget): small_cnn under 1.5 GiB on an Intel
+    Xeon host (tests/test_probe_real.py, 2026-12-05): children read 299-303 at 1.56-1.57 GiB, with a
+    prewarm or without, where new processes fit every batch up to 327, and the probe answered
+    294-297 in 3 runs of 4. Near misses: mobilenet_v2 under 1.5 GiB (targeted benchmark at 2e04e3d,
+    tools/bench/results/probe_mobilenet_v2_targeted_2e04e3d.json): children failed 33 and 34 by
+    0.4-1.3 MiB where new processes fit every batch up to 35, and the probe answered 32. So such a
+    failure is read in a new process before it bounds the answer (the api runs a fresh trial of a
+    batch that already has a fresh reading in a new process). If that fits, the child's failure is
+    contradicted (outcomes.edge_of) and the search goes on above it; if not, it bounds the answer
     (a bump is confirmed as before, _confirm_above_bump). One new process reads it: a second would
     double the cost (a TensorFlow import each) to settle what the first already settles either way.
     """
@@ -256,9 +257,9 @@ def _reread_childs_failure(config: SearchConfig, outcomes: Sequence[Outcome], hi
         return None  # a child ran out of memory there for real: no reading to weigh
     near_miss = min(readings) <= config.budget_bytes * (1 + CHILD_LIFT_FRACTION)
     # A bump sits above a line that puts it within the budget; over a line that does not, a failure
-    # is the line's ceiling. mobilenet_v2 (stop 27): a child read 34 at 1,563.1 MiB over a line at
-    # 1,533.6; a new process drew a low 1,455.9, the failure stopped counting, and the probe
-    # answered 36, which a fresh process read at 1,564.9 MiB.
+    # is the line's ceiling. mobilenet_v2 (tools/bench/results/probe_mobilenet_v2_targeted_e3f0f9d.json):
+    # a child read 34 at 1,563.1 MiB over a line at 1,533.6; a new process drew a low 1,455.9, the
+    # failure stopped counting, and the probe answered 36, which a fresh process read at 1,564.9 MiB.
     bump = (model.predict_bytes(hi) <= config.budget_bytes
             and bump_excess_bytes(model, readings_of(outcomes), hi, min(readings)) > 0)
     return Run(hi, fresh=True, readings=1) if near_miss or bump else None
