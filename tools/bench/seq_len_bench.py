@@ -88,11 +88,22 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
     limit = fit_budget_bytes(budget_bytes)
     checks = cached_checks()
     rows = []
+    # An untrusted token model (token_fit.trusted) predicts nothing: the probed lengths keep their
+    # answers and truths, the others are reported without either, not a crash that loses the run.
+    model_trusted = token_fit.trusted(profile.token_model)
     for length in sorted(set(probe_lens) | set(predict_lens)):
         probed = length in profile.per_length
-        predicted = token_fit.ceiling_at_length(length, per_length=None, token_model=profile.token_model,
-                                                fit_budget_bytes=limit, headroom=profile.headroom)
-        found = profile.per_length[length].max_batch if probed else predicted.max_batch
+        predicted = None
+        if model_trusted:
+            predicted = token_fit.ceiling_at_length(length, per_length=None, token_model=profile.token_model,
+                                                    fit_budget_bytes=limit, headroom=profile.headroom).max_batch
+        found = profile.per_length[length].max_batch if probed else predicted
+        trials = sum(1 for t in profile.trials if t.seq_len == length and t.measured)
+        if found is None:
+            log(f"{length} tokens: not probed, and the token model is not trusted: no prediction to check")
+            rows.append({"length": length, "probed": False, "found": None, "predicted_max_batch": None,
+                         "trials": trials, "truth": None})
+            continue
         hints = sorted({t.batch for t in profile.trials if t.seq_len == length and not t.ok and t.measured})
         truths = {}
         for name, budget in (("budget", budget_bytes), ("fit_limit", limit)):
@@ -106,8 +117,8 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
             "length": length,
             "probed": probed,
             "found": found,
-            "predicted_max_batch": predicted.max_batch,
-            "trials": sum(1 for t in profile.trials if t.seq_len == length and t.measured),
+            "predicted_max_batch": predicted,
+            "trials": trials,
             "truth": truths,
         })
     model_fit = profile.token_model
@@ -124,7 +135,7 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
         "token_model": None if model_fit is None else {
             "fixed_bytes": model_fit.fixed_bytes, "per_token_bytes": model_fit.per_token_bytes,
             "per_token_squared_bytes": model_fit.per_token_squared_bytes, "r2": model_fit.r2,
-            "points": model_fit.points, "lengths": list(model_fit.lengths),
+            "points": model_fit.points, "lengths": list(model_fit.lengths), "trusted": model_trusted,
         },
         "per_length": {str(k): {"max_batch": v.max_batch, "safe_batch": v.safe_batch, "peak_bytes": v.peak_bytes}
                        for k, v in sorted(profile.per_length.items())},
@@ -142,6 +153,8 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
 
 
 def _ratio(row, name):
+    if row["truth"] is None:
+        return "-"
     value = row["truth"][name]["found_over_true"]
     ceiling = row["truth"][name]["ceiling"]
     narrowed = "" if row["truth"][name]["narrowed_to_resolution"] else " (truth not narrowed to 1%)"
@@ -170,7 +183,10 @@ def markdown(data: dict) -> str:
         lines += [
             f"Token model: peak = {model['fixed_bytes'] / mib:.1f} MiB + {model['per_token_bytes']:,.0f} B x batch x "
             f"tokens + {model['per_token_squared_bytes']:,.1f} B x batch x tokens^2 (r2 {model['r2']:.4f}, "
-            f"{model['points']} readings at {', '.join(map(str, model['lengths']))} tokens).",
+            f"{model['points']} readings at {', '.join(map(str, model['lengths']))} tokens)"
+            + (". Not trusted (token_fit.trusted: r2 at least "
+               f"{token_fit.MIN_FIT_R2}, {token_fit.MIN_FIT_POINTS} readings, two lengths): no length is predicted."
+               if model.get("trusted") is False else "."),
             "",
         ]
     lines += [
@@ -180,8 +196,9 @@ def markdown(data: dict) -> str:
     ]
     for row in data["rows"]:
         lines.append(
-            f"| {row['length']} | {'yes' if row['probed'] else 'no'} | {row['trials']} | {row['found']} | "
-            f"{row['predicted_max_batch']} | {_ratio(row, 'fit_limit')} | {_ratio(row, 'budget')} |"
+            f"| {row['length']} | {'yes' if row['probed'] else 'no'} | {row['trials']} | {'-' if row['found'] is None else row['found']} | "
+            f"{'-' if row['predicted_max_batch'] is None else row['predicted_max_batch']} | {_ratio(row, 'fit_limit')} | "
+            f"{_ratio(row, 'budget')} |"
         )
     lines += ["", f"Whole run {data['seconds']:.0f} s, load average {data['load_average']}.", SECTION_END]
     return "\n".join(lines)

@@ -1,0 +1,39 @@
+"""tools/bench/seq_len_bench.py's report when the probe's token model is not trusted.
+
+A run at 771d6f6 crashed after its probe (ValueError from token_fit.ceiling_at_length) because
+512 tokens read 10.5% apart between processes and the token model's fit fell under its r2 floor;
+the probed lengths' answers were lost with it. The report now keeps them and marks the rest.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "bench"))
+
+import seq_len_bench  # noqa: E402
+
+MIB = 1024**2
+
+
+def truth(found, ceiling):
+    return {"ceiling": ceiling, "first_failure_above": ceiling + 1, "narrowed_to_resolution": True,
+            "failures_below_ceiling": [], "found_over_true": found / ceiling}
+
+
+def test_an_untrusted_token_model_leaves_unprobed_lengths_without_a_prediction():
+    data = {
+        "model": "transformer_tiny", "budget_bytes": 1536 * MIB, "fit_limit_bytes": int(1536 * MIB * 0.99),
+        "trial_seconds": 10.0, "inter_op_threads": 1, "probe_lens": [64, 512], "predict_lens": [128],
+        "probe_seconds": 150.0, "seconds": 400.0, "load_average": [1.0, 1.0, 1.0],
+        "token_model": {"fixed_bytes": 800 * MIB, "per_token_bytes": 6500.0, "per_token_squared_bytes": 95.0,
+                        "r2": 0.95, "points": 12, "lengths": [64, 512], "trusted": False},
+        "rows": [
+            {"length": 64, "probed": True, "found": 901, "predicted_max_batch": None, "trials": 7,
+             "truth": {"budget": truth(901, 931), "fit_limit": truth(901, 910)}},
+            {"length": 128, "probed": False, "found": None, "predicted_max_batch": None, "trials": 0, "truth": None},
+        ],
+    }
+    report = seq_len_bench.markdown(data)
+    assert "Not trusted" in report and "no length is predicted" in report
+    assert "| 64 | yes | 7 | 901 | - | 0.990 (truth 910) | 0.968 (truth 931) |" in report
+    assert "| 128 | no | 0 | - | - | - | - |" in report
