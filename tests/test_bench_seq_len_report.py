@@ -5,10 +5,14 @@ A run at 771d6f6 crashed after its probe (ValueError from token_fit.ceiling_at_l
 the probed lengths' answers were lost with it. The report now keeps them and marks the rest.
 """
 
+import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "bench"))
+from edgebatch.probing import token_fit
+
+RESULTS = Path(__file__).resolve().parents[1] / "tools" / "bench" / "results"
+sys.path.insert(0, str(RESULTS.parent))
 
 import seq_len_bench  # noqa: E402
 
@@ -37,3 +41,15 @@ def test_an_untrusted_token_model_leaves_unprobed_lengths_without_a_prediction()
     assert "Not trusted" in report and "no length is predicted" in report
     assert "| 64 | yes | 7 | 901 | - | 0.990 (truth 910) | 0.968 (truth 931) |" in report
     assert "| 128 | no | 0 | - | - | - | - |" in report
+
+
+
+def test_where_the_probe_kept_no_token_model_the_report_refits_the_kept_readings_and_marks_it_untrusted():
+    """The kept run (tools/bench/results/seq_lens.json, 2026-12-05): 512 tokens read 1.43-1.57 GiB at
+    24-25 between processes, and the fit of all 36 readings has r2 0.977, under token_fit's 0.98."""
+    kept = json.loads((RESULTS / "seq_lens.json").read_text())
+    assert kept["token_model"] is None
+    record = seq_len_bench.token_model_of(kept)
+    assert record["points"] == len(kept["trial_readings"]) and record["trusted"] is False
+    assert record["r2"] < token_fit.MIN_FIT_R2
+    assert "Not trusted" in seq_len_bench.markdown(kept)

@@ -121,7 +121,6 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
             "trials": trials,
             "truth": truths,
         })
-    model_fit = profile.token_model
     return {
         "model": model,
         "budget_bytes": budget_bytes,
@@ -132,11 +131,7 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
         "probe_lens": list(probe_lens),
         "predict_lens": list(predict_lens),
         "probe_seconds": round(probe_seconds, 1),
-        "token_model": None if model_fit is None else {
-            "fixed_bytes": model_fit.fixed_bytes, "per_token_bytes": model_fit.per_token_bytes,
-            "per_token_squared_bytes": model_fit.per_token_squared_bytes, "r2": model_fit.r2,
-            "points": model_fit.points, "lengths": list(model_fit.lengths), "trusted": model_trusted,
-        },
+        "token_model": _token_model_record(profile.token_model),
         "per_length": {str(k): {"max_batch": v.max_batch, "safe_batch": v.safe_batch, "peak_bytes": v.peak_bytes}
                        for k, v in sorted(profile.per_length.items())},
         # Every trial the token model could be fitted on, so another form can be refitted offline.
@@ -152,6 +147,26 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
     }
 
 
+def _token_model_record(model_fit) -> dict | None:
+    """The token model as the results file keeps it (None: no fit at all)."""
+    if model_fit is None:
+        return None
+    return {
+        "fixed_bytes": model_fit.fixed_bytes, "per_token_bytes": model_fit.per_token_bytes,
+        "per_token_squared_bytes": model_fit.per_token_squared_bytes, "r2": model_fit.r2,
+        "points": model_fit.points, "lengths": list(model_fit.lengths), "trusted": token_fit.trusted(model_fit),
+    }
+
+
+def token_model_of(data: dict) -> dict | None:
+    """The results' token model; where the probe kept none (it keeps only a trusted one), the same fit
+    (token_fit.fit_token_model) of the kept trial readings, marked untrusted, to say how far off it was."""
+    if data.get("token_model") is not None or not data.get("trial_readings"):
+        return data.get("token_model")
+    readings = [(r["batch"], r["length"], r["peak_bytes"]) for r in data["trial_readings"]]
+    return _token_model_record(token_fit.fit_token_model(readings))
+
+
 def _ratio(row, name):
     if row["truth"] is None:
         return "-"
@@ -163,7 +178,7 @@ def _ratio(row, name):
 
 def markdown(data: dict) -> str:
     mib = 1024**2
-    model = data["token_model"]
+    model = token_model_of(data)
     lines = [
         SECTION_START,
         "## Ceiling per sequence length (issue 14, item 2)",
@@ -171,7 +186,7 @@ def markdown(data: dict) -> str:
         f"`{data['model']}` probed per length at {', '.join(map(str, data['probe_lens']))} tokens under a "
         f"{data['budget_bytes'] / mib:.0f} MiB resident budget (`--trial-seconds {data['trial_seconds']:g}`), in "
         f"{data['probe_seconds']:.0f} s; lengths {', '.join(map(str, data['predict_lens']))} were not probed and are "
-        "the token model's predictions. Truth: fresh processes (tests/support/fresh_step.py --seq-len, 10 steps), "
+        "the token model's predictions where it is trusted. Truth: fresh processes (tests/support/fresh_step.py --seq-len, 10 steps), "
         f"at the budget and at the probe's fitting limit ({data['fit_limit_bytes'] / mib:.0f} MiB, {data['fit_limit_bytes'] / data['budget_bytes']:.3f} x budget, "
         "the limit max_batch is defined by). "
         + (f"Workers and truth ran {data['inter_op_threads']} TensorFlow inter-op thread(s) (`--inter-op-threads`). "
