@@ -73,13 +73,14 @@ BUMP_CONFIRMATIONS = 2
 # to 308 and low again at 320 in the probe's workers, high at 290-300 and low at 280 and 310 in
 # fresh processes (device_profiles/README.md).
 BUMP_WIDTH_FRACTION = 0.10
-# How far over the budget a fork-server child's reading may sit and still be read again in a new
-# process before it bounds the answer (_reread_childs_failure), as a share of the budget. Near the
+# How far over the search's budget (SearchConfig.budget_bytes: the device budget less the
+# measurement margin) a fork-server child's reading may sit and still be read again in a new
+# process before it bounds the answer (_reread_childs_failure), as a share of it. Near the
 # edge children read above new processes: mobilenet_v2 under 1.5 GiB (Intel Xeon, targeted run at
 # 2e04e3d) read 30-34 at 1,521-1,527 MiB in children and at most 1,505-1,510 MiB at 30-35 in new
 # processes, 0.7-1.4% lower; earlier runs measured 0.9-1.6%. So a child within 1% over the budget
-# stands for a new process at most 0.3% over it, inside the 1% measurement margin the budget already
-# keeps (api.MEASUREMENT_MARGIN_ONE_THREAD). A reading further out is a failure in a new process
+# stands for a new process at most 0.3% over it, inside the 1% measurement margin it already
+# keeps below the device budget (api.MEASUREMENT_MARGIN_ONE_THREAD). A reading further out is a failure in a new process
 # too, and reading it again would only cost a TensorFlow import.
 CHILD_LIFT_FRACTION = 0.01
 
