@@ -210,10 +210,10 @@ def _confirm_above_bump(
     top = chain[-1] if chain else None
     if top is None or not top.reading or top.fits(config.budget_bytes) or len(above) >= BUMP_CONFIRMATIONS:
         return None
-    if bump_excess_bytes(model, readings_of(outcomes), top.batch, top.peak_bytes) <= 0:
+    if not above and not _is_bump(config, outcomes, model, hi, top.peak_bytes):
+        return None  # on the line, or over a line that puts hi over budget: the line's ceiling
+    if above and bump_excess_bytes(model, readings_of(outcomes), top.batch, top.peak_bytes) <= 0:
         return None
-    if not above and model.predict_bytes(hi) > config.budget_bytes:
-        return None  # the line itself puts hi over budget: it is the line's ceiling, not a bump
     step = config.multiple
     tolerance_step = max(step, round_down(hi * config.tolerance, step))
     candidate = None
@@ -257,13 +257,24 @@ def _reread_childs_failure(config: SearchConfig, outcomes: Sequence[Outcome], hi
     if len(readings) < len(fresh):
         return None  # a child ran out of memory there for real: no reading to weigh
     near_miss = min(readings) <= config.budget_bytes * (1 + CHILD_LIFT_FRACTION)
-    # A bump sits above a line that puts it within the budget; over a line that does not, a failure
-    # is the line's ceiling. mobilenet_v2 (tools/bench/results/probe_mobilenet_v2_targeted_e3f0f9d.json):
-    # a child read 34 at 1,563.1 MiB over a line at 1,533.6; a new process drew a low 1,455.9, the
-    # failure stopped counting, and the probe answered 36, which a fresh process read at 1,564.9 MiB.
-    bump = (model.predict_bytes(hi) <= config.budget_bytes
-            and bump_excess_bytes(model, readings_of(outcomes), hi, min(readings)) > 0)
-    return Run(hi, fresh=True, readings=1) if near_miss or bump else None
+    if near_miss or _is_bump(config, outcomes, model, hi, min(readings)):
+        return Run(hi, fresh=True, readings=1)
+    return None
+
+
+def _is_bump(config: SearchConfig, outcomes: Sequence[Outcome], model: MemoryModel, batch: int,
+             peak_bytes: int) -> bool:
+    """Whether `peak_bytes` at `batch` is a bump: above the line by more than the noise
+    (memory_fit.bump_excess_bytes) where the line puts `batch` within the budget.
+
+    Over a line that puts the batch over budget a failure is the line's ceiling, whatever it reads.
+    Not checking that let a re-read climb past the truth: mobilenet_v2
+    (tools/bench/results/probe_mobilenet_v2_targeted_e3f0f9d.json), a child read 34 at 1,563.1 MiB
+    over a line at 1,533.6; a new process drew a low 1,455.9, the failure stopped counting, and the
+    probe answered 36, which a fresh process read at 1,564.9 MiB.
+    """
+    return (model.predict_bytes(batch) <= config.budget_bytes
+            and bump_excess_bytes(model, readings_of(outcomes), batch, peak_bytes) > 0)
 
 
 def _fresh_endgame(step: Step, outcomes: Sequence[Outcome], hi: int | None, model: MemoryModel | None) -> Step:
