@@ -715,3 +715,23 @@ def test_a_childs_failure_the_line_already_puts_over_budget_is_not_read_again_as
     assert step == Run(33, fresh=True, readings=1), step  # the answer's last reading, not 34 again
     step = next_step(config, outcomes + [o(33, 1498.1, forked=False)])
     assert step == Done(33), step
+
+
+def test_the_replay_tool_finds_where_the_kept_unsafe_run_departs_from_the_search_now():
+    """tools/replay_search.py on the targeted run that answered an unsafe 36: the search now stops at
+    33 where that run read 34 again (device_profiles/README.md quotes the tool's output)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "tools"))
+    import replay_search
+
+    data = json.loads((root / "tools" / "bench" / "results" / "probe_mobilenet_v2_targeted_e3f0f9d.json").read_text())
+    scenario = data["sections"]["probe"]["scenarios"][0]
+    run = scenario["runs"]["slow_start"][0]
+    answer, departure = replay_search.replay(run["trial_log"], scenario["scenario"]["budget_bytes"],
+                                             scenario["scenario"]["max_batch_limit"])
+    assert run["found"] == 36
+    assert departure == (12, ("done", 33), ("run", 34))

@@ -59,7 +59,7 @@ def main() -> None:
     lengths = sorted(set(data["probe_lens"]) | set(data["predict_lens"]))
     unprobed = set(data["predict_lens"]) - set(data["probe_lens"])
     fresh = [c for c in data["fresh_checks"] if c["ran"] and c["length"] in unprobed]
-    truth = {row["length"]: row["truth"]["fit_limit"]["ceiling"] for row in data["rows"]}
+    truth = {row["length"]: row["truth"]["fit_limit"]["ceiling"] for row in data["rows"] if row["truth"]}
     print(f"{len(rows)} readings at {sorted({n for _, n, _ in rows})} tokens; truth under the fitting limit {truth}")
     probe_form = fit_token_model(rows)
     report("probe's form, fixed + a BL + b BL^2", probe_form.predict_bytes, rows, lengths, data["fit_limit_bytes"],
