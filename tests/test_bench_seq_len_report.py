@@ -47,10 +47,24 @@ def test_an_untrusted_token_model_leaves_unprobed_lengths_without_a_prediction()
 def test_where_the_probe_kept_no_token_model_the_report_refits_the_kept_readings_and_marks_it_untrusted():
     """The kept run (tools/bench/results/seq_lens_untrusted_56da49b.json, 2026-12-05; a rerun of the
     benchmark rewrites seq_lens.json, not this copy): 512 tokens read 1.43-1.57 GiB at
-    24-25 between processes, and the fit of all 36 readings has r2 0.977, under token_fit's 0.98."""
+    24-25 between processes, and the probe's fit of all 36 readings then had r2 0.977, under
+    token_fit's 0.98, so it predicted nothing. The report refits the readings with today's fit and
+    still says the run had no trusted model."""
     kept = json.loads((RESULTS / "seq_lens_untrusted_56da49b.json").read_text())
     assert kept["token_model"] is None
     record = seq_len_bench.token_model_of(kept)
-    assert record["points"] == len(kept["trial_readings"]) and record["trusted"] is False
-    assert record["r2"] < token_fit.MIN_FIT_R2
-    assert "Not trusted" in seq_len_bench.markdown(kept)
+    assert record["refitted"] is True and record["trusted"] is False
+    assert record["points"] == len({(r["batch"], r["length"]) for r in kept["trial_readings"]})
+    report = seq_len_bench.markdown(kept)
+    assert "Not trusted" in report and "refitted by today's token_fit" in report
+
+
+def test_fitting_each_batchs_lowest_reading_trusts_the_kept_two_valued_run():
+    """The same kept run's readings, fitted at each (batch, length)'s lowest reading
+    (token_fit.fit_token_model): r2 0.988, trusted, where all 36 readings fitted at 0.977.
+    The high draws at 512 tokens no longer bend the line."""
+    kept = json.loads((RESULTS / "seq_lens_untrusted_56da49b.json").read_text())
+    readings = [(r["batch"], r["length"], r["peak_bytes"]) for r in kept["trial_readings"]]
+    model = token_fit.fit_token_model(readings)
+    assert token_fit.trusted(model) and model.r2 >= token_fit.MIN_FIT_R2
+    assert model.points == 24 and model.lengths == (64, 256, 512)

@@ -40,6 +40,18 @@ def test_a_slightly_negative_quadratic_term_is_fitted_without_it():
     assert model.per_token_squared_bytes == 0.0 and model.per_token_bytes > 0
 
 
+def test_each_batch_and_length_is_fitted_at_its_lowest_reading():
+    # Processes read one batch at two levels (high draws of 5-7% at 512 tokens): the line is the low one.
+    points = [(8, 64), (300, 64), (900, 64), (8, 512), (16, 512), (24, 512), (27, 512), (90, 256)]
+    readings = exact(800 * MIB, 6_500.0, 95.0, points)
+    high_draws = [(b, length, peak * 1.07) for b, length, peak in readings if length == 512 and b >= 16]
+    model = token_fit.fit_token_model(readings + high_draws)
+    assert model.fixed_bytes == pytest.approx(800 * MIB, rel=1e-9)
+    assert model.per_token_bytes == pytest.approx(6_500.0, rel=1e-6)
+    assert model.per_token_squared_bytes == pytest.approx(95.0, rel=1e-6)
+    assert model.points == len(points) and model.r2 == pytest.approx(1.0)
+
+
 def test_one_length_or_too_few_readings_fit_nothing():
     assert token_fit.fit_token_model(exact(MIB, 1.0, 1.0, [(8, 64), (16, 64), (32, 64)])) is None
     assert token_fit.fit_token_model(exact(MIB, 1.0, 1.0, [(8, 64), (16, 128)])) is None
@@ -127,9 +139,11 @@ def test_a_profiles_ceiling_at_any_length_uses_its_budget_margin_and_headroom():
     assert model.batch_for_bytes(2048 * MIB * 0.99, 256) > predicted.max_batch
 
 
-def test_the_forms_tool_refits_a_kept_run_as_the_probe_did():
-    """tools/token_model_forms.py's first form is the probe's own fit: on the kept b8a3557 run it
-    predicts what the run's profile predicted at 128 tokens (device_profiles/README.md quotes it)."""
+def test_the_forms_tool_refits_a_kept_run_as_the_probe_does():
+    """tools/token_model_forms.py's first form is the probe's own fit (each batch and length at its
+    lowest reading): on the kept b8a3557 run it predicts at 128 tokens what token_fit predicts from
+    the same readings, one sample from the 308 the run's profile predicted with every reading
+    fitted (device_profiles/README.md quotes it)."""
     import json
     import subprocess
     import sys
@@ -137,9 +151,13 @@ def test_the_forms_tool_refits_a_kept_run_as_the_probe_did():
 
     root = Path(__file__).resolve().parents[1]
     results = root / "tools" / "bench" / "results" / "seq_lens_trial_readings_b8a3557.json"
-    predicted = {row["length"]: row["predicted_max_batch"] for row in json.loads(results.read_text())["rows"]}
+    data = json.loads(results.read_text())
+    run_predicted = {row["length"]: row["predicted_max_batch"] for row in data["rows"]}[128]
+    model = token_fit.fit_token_model([(r["batch"], r["length"], r["peak_bytes"]) for r in data["trial_readings"]])
+    today = model.batch_for_bytes(data["fit_limit_bytes"], 128)
+    assert abs(today - run_predicted) <= 1, (today, run_predicted)
     out = subprocess.run([sys.executable, str(root / "tools" / "token_model_forms.py"), str(results)],
                          capture_output=True, text=True, check=True).stdout
     probe_line = next(line for line in out.splitlines() if line.startswith("probe's form"))
-    assert f"128: {predicted[128]}," in probe_line, probe_line
+    assert f"128: {today}," in probe_line, probe_line
     assert "RMS" in out and out.count("predicted ceilings") == 4

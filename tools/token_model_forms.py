@@ -55,12 +55,17 @@ def main() -> None:
     data = json.loads(open(args.results).read())
     if "trial_readings" not in data:
         raise SystemExit(f"{args.results} has no trial_readings: rerun tools/bench/seq_len_bench.py (b8a3557 or later)")
-    rows = [(r["batch"], r["length"], r["peak_bytes"]) for r in data["trial_readings"]]
+    lowest: dict[tuple[int, int], float] = {}
+    for r in data["trial_readings"]:  # each (batch, length) at its lowest reading, as the probe's fit takes it
+        key = (r["batch"], r["length"])
+        lowest[key] = min(r["peak_bytes"], lowest.get(key, math.inf))
+    rows = [(b, n, p) for (b, n), p in sorted(lowest.items())]
     lengths = sorted(set(data["probe_lens"]) | set(data["predict_lens"]))
     unprobed = set(data["predict_lens"]) - set(data["probe_lens"])
     fresh = [c for c in data["fresh_checks"] if c["ran"] and c["length"] in unprobed]
     truth = {row["length"]: row["truth"]["fit_limit"]["ceiling"] for row in data["rows"] if row["truth"]}
-    print(f"{len(rows)} readings at {sorted({n for _, n, _ in rows})} tokens; truth under the fitting limit {truth}")
+    print(f"{len(rows)} (batch, length) points from {len(data['trial_readings'])} readings at "
+          f"{sorted({n for _, n, _ in rows})} tokens; truth under the fitting limit {truth}")
     probe_form = fit_token_model(rows)
     report("probe's form, fixed + a BL + b BL^2", probe_form.predict_bytes, rows, lengths, data["fit_limit_bytes"],
            fresh)

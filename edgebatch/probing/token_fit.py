@@ -14,6 +14,7 @@ Also here: the `--seq-lens` text, the default ladder of lengths and the order th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from edgebatch.errors import UsageError
@@ -86,11 +87,24 @@ def probe_order(lengths: Sequence[int]) -> tuple[int, ...]:
 def fit_token_model(readings: Iterable[TokenReading]) -> TokenMemoryModel | None:
     """Least squares of peak on (1, B x L, B x L^2), with a and b kept at or above zero.
 
+    Each (batch, length) is fitted at its lowest reading: processes read one batch at two levels
+    (transformer_tiny at 512 tokens under 1.5 GiB, Intel Xeon, kept in
+    tools/bench/results/seq_lens_untrusted_56da49b.json: 24 at 1,534.3 and 1,538.8 MB in two
+    processes and 1,641.5 MB in a third), and the high draws bent the fit of all 36 readings to
+    r2 0.977, under MIN_FIT_R2, where the lowest of each batch fit at 0.988. The line is the low
+    level, as memory_fit's turns toward the fresh readings under it; how far processes differ is the
+    spread, which each length's search takes off its budget (outcomes.effective_budget_bytes).
+    `points` counts the distinct (batch, length) pairs.
+
     When the free fit gives a negative coefficient (an LSTM has no quadratic term, and noise can
     make it slightly negative), the best fit without that term is taken. None with readings at fewer
-    than two lengths or fewer than three readings: the terms cannot be told apart.
+    than two lengths or fewer than three points: the terms cannot be told apart.
     """
-    rows = [(float(b), float(length), float(peak)) for b, length, peak in readings]
+    lowest: dict[tuple[int, int], float] = {}
+    for b, length, peak in readings:
+        key = (int(b), int(length))
+        lowest[key] = min(float(peak), lowest.get(key, math.inf))
+    rows = [(float(b), float(length), peak) for (b, length), peak in sorted(lowest.items())]
     lengths = sorted({int(length) for _, length, _ in rows})
     if len(lengths) < 2 or len(rows) < 3:
         return None

@@ -159,12 +159,14 @@ def _token_model_record(model_fit) -> dict | None:
 
 
 def token_model_of(data: dict) -> dict | None:
-    """The results' token model; where the probe kept none (it keeps only a trusted one), the same fit
-    (token_fit.fit_token_model) of the kept trial readings, marked untrusted, to say how far off it was."""
+    """The results' token model; where the probe kept none (it keeps only a trusted one), today's fit
+    (token_fit.fit_token_model) of the kept trial readings, marked `refitted` and untrusted (the run
+    predicted nothing with it), to say how far off it was."""
     if data.get("token_model") is not None or not data.get("trial_readings"):
         return data.get("token_model")
     readings = [(r["batch"], r["length"], r["peak_bytes"]) for r in data["trial_readings"]]
-    return _token_model_record(token_fit.fit_token_model(readings))
+    record = _token_model_record(token_fit.fit_token_model(readings))
+    return None if record is None else {**record, "trusted": False, "refitted": True}
 
 
 def _ratio(row, name):
@@ -198,7 +200,9 @@ def markdown(data: dict) -> str:
         lines += [
             f"Token model: peak = {model['fixed_bytes'] / mib:.1f} MiB + {model['per_token_bytes']:,.0f} B x batch x "
             f"tokens + {model['per_token_squared_bytes']:,.1f} B x batch x tokens^2 (r2 {model['r2']:.4f}, "
-            f"{model['points']} readings at {', '.join(map(str, model['lengths']))} tokens)"
+            f"{model['points']} readings at {', '.join(map(str, model['lengths']))} tokens"
+            + ("; refitted by today's token_fit from the kept readings: the probe kept no model)" if model.get("refitted")
+               else ")")
             + (". Not trusted (token_fit.trusted: r2 at least "
                f"{token_fit.MIN_FIT_R2}, {token_fit.MIN_FIT_POINTS} readings, two lengths): no length is predicted."
                if model.get("trusted") is False else "."),
