@@ -7,7 +7,7 @@ import pytest
 
 from edgebatch.errors import UsageError
 from edgebatch.probing.memory_fit import fit_memory_model
-from edgebatch.probing.outcomes import OOM_TRANSIENT_RATIO, SPREAD_NOISE_FRACTION, edge_of, effective_budget_bytes, peak_spread_fraction
+from edgebatch.probing.outcomes import BAND_READINGS_FACTOR, OOM_TRANSIENT_RATIO, SPREAD_NOISE_FRACTION, edge_of, effective_budget_bytes, oom_band_seen, peak_spread_fraction
 from edgebatch.probing.search import ANSWER_READINGS, BUMP_CONFIRMATIONS, BUMP_EDGE_FRACTION, CHILD_LIFT_FRACTION, Done, Outcome, Run, SearchConfig, Skip, next_step, usable_model
 
 MIB = 1024**2
@@ -735,3 +735,76 @@ def test_the_replay_tool_finds_where_the_kept_unsafe_run_departs_from_the_search
                                              scenario["scenario"]["max_batch_limit"])
     assert run["found"] == 36
     assert departure == (12, ("done", 33), ("run", 34))
+
+
+def test_fresh_processes_that_both_run_and_run_out_of_memory_at_the_edge_make_it_a_band():
+    def oom(batch, fresh=True):
+        return Outcome(batch, ran=False, fresh=fresh)
+
+    def ran(batch, fresh=True):
+        return Outcome(batch, ran=True, peak_bytes=900 * MIB, fresh=fresh)
+
+    assert oom_band_seen([ran(100), oom(100)])  # one batch, both ways
+    assert oom_band_seen([oom(100), ran(150)])  # ran above a batch that ran out
+    assert not oom_band_seen([ran(90), oom(100)])  # a clean edge
+    assert not oom_band_seen([oom(100), ran(2 * OOM_TRANSIENT_RATIO * 100)])  # a transient (contradicted)
+    assert not oom_band_seen([oom(100), ran(150, fresh=False)])  # a reused worker is no evidence
+    assert not oom_band_seen([oom(100, fresh=False), ran(150)])
+
+
+def test_in_a_band_the_answer_needs_more_fresh_readings_and_one_that_runs_out_moves_it_below():
+    config = SearchConfig(budget_bytes=2000 * MIB, max_batch_limit=4096)
+
+    def ran(batch):
+        return Outcome(batch, ran=True, peak_bytes=1000 * MIB + batch * MIB, fresh=True, forked=False)
+
+    # 130 ran in one process and ran out in another; 128 fitted three times.
+    outcomes = [ran(8), ran(16), ran(32), ran(64), ran(130), Outcome(130, ran=False, fresh=True), ran(128),
+                ran(128), ran(128)]
+    assert oom_band_seen(outcomes)
+    assert next_step(config, outcomes) == Run(128, fresh=True, readings=ANSWER_READINGS * (BAND_READINGS_FACTOR - 1))
+    # Without the band (130 only ran out) three readings answer.
+    clean = [o for o in outcomes if not (o.batch == 130 and o.ran)]
+    assert not oom_band_seen(clean) and next_step(config, clean) == Done(128)
+    # The fourth reading of 128 runs out: it counts, and the search goes on below 128.
+    step = next_step(config, outcomes + [Outcome(128, ran=False, fresh=True)])
+    assert isinstance(step, Run) and 64 < step.batch < 128, step
+
+
+def test_the_kept_capped_mlp_run_would_read_its_answer_again_where_it_answered_after_three():
+    """mlp under a 256 MiB address-space cap (BENCHMARKS.md at da4ce81, kept in
+    tools/bench/results/probe_mlp_capped_da4ce81.json) answered 22507 after three fresh fits; its
+    workers had both run and run out of memory at 22819, 23132 and 24017. The truth's fresh process
+    ran out at 22507, and by hand tests/support/fresh_step.py ran 22507 in 3 processes of 5
+    (device_profiles/README.md, "An out-of-memory band"). Its trials as outcomes (every trial after
+    the scout's first three fresh, as the search asked for them) now ask three more readings there."""
+    import json
+    from pathlib import Path
+
+    from edgebatch.probing.api import fit_budget_bytes
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "bench" / "results" / "probe_mlp_capped_da4ce81.json"
+    run = json.loads(path.read_text())["sections"]["probe"]["scenarios"][0]["runs"]["slow_start"][0]
+    assert run["found"] == 22507
+    config = SearchConfig(budget_bytes=fit_budget_bytes(run["budget_bytes"], 1), max_batch_limit=65536)
+    outcomes = [Outcome(t["batch"], ran=t["ok"], peak_bytes=t["peak_bytes"], fresh=index == 0 or index >= 3,
+                        forked=None if index < 3 else False) for index, t in enumerate(run["trial_log"])]
+    assert next_step(config, outcomes) == Run(22507, fresh=True, readings=ANSWER_READINGS)
+
+
+def test_the_probe_says_once_when_it_sees_a_band():
+    from edgebatch.probing import api
+    from edgebatch.profiles.model import Trial
+
+    def trial(batch, ok):
+        return Trial(batch=batch, ok=ok, error=None if ok else "oom", peak_bytes=900 * MIB if ok else None,
+                     process_peak_bytes=None, allocator_peak_bytes=None, step_seconds=1.0,
+                     samples_per_second=10.0 if ok else None, fresh=True, forked=False)
+
+    config = SearchConfig(budget_bytes=2000 * MIB)
+    trials, outcomes, lines = [], [], []
+    for batch, ok in ((100, True), (130, False), (130, True), (120, False)):
+        api._record(trial(batch, ok), trials, outcomes, config, lines.append, "")
+    band = [line for line in lines if "band" in line]
+    assert band == ["  fresh workers both ran and ran out of memory at or below batch 130: the edge is a band here, "
+                    f"so the answer needs {ANSWER_READINGS * BAND_READINGS_FACTOR} fresh readings"], lines

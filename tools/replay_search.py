@@ -1,8 +1,8 @@
 """Replay a probe benchmark's slow_start runs against the search as it is now, and say where it departs.
 
 Reads a results file of `tools/bench/run.py --only probe` (`tools/bench/results/results.json`, or a
-kept one such as `probe_mobilenet_v2_targeted_e3f0f9d.json`) and, for each slow_start run of a
-scenario with a resident budget, feeds its trial log to `edgebatch.probing.search.next_step` one
+kept one such as `probe_mobilenet_v2_targeted_e3f0f9d.json`) and, for each slow_start run, feeds its
+trial log to `edgebatch.probing.search.next_step` one
 trial at a time. It prints the answer the run gave and the first trial where the search now asks
 for something else; after that point the run's readings no longer answer the search's questions,
 so the replay stops judging.
@@ -11,7 +11,8 @@ The trial log does not say which worker read each trial, so it is inferred from 
 api starts them: the first trial is the scout's first (fresh, a new process); a trial the search
 asks to run fresh is a fork-server child the first time its batch is read fresh and a new process
 after that; other trials are the scout's reused ones. The budget is the scenario's less the 1%
-measurement margin, with one inter-op thread (no bump edge fraction), as the benchmark ran.
+measurement margin, with one inter-op thread (no bump edge fraction), as the benchmark ran; under
+an address-space cap it is the run's own (its worker's size after setup plus the cap).
 
     git show 2122726:tools/bench/results/results.json > /tmp/results_2e04e3d.json
     python tools/replay_search.py /tmp/results_2e04e3d.json
@@ -62,10 +63,9 @@ def main() -> None:
     data = json.loads(open(args.results).read())
     for scenario in data["sections"]["probe"]["scenarios"]:
         facts = scenario["scenario"]
-        if facts["budget_bytes"] is None:
-            continue  # address-space caps: the budget is the worker's own, not in the file
         for number, run in enumerate(scenario["runs"]["slow_start"], 1):
-            answer, departure = replay(run["trial_log"], facts["budget_bytes"], facts["max_batch_limit"])
+            budget_bytes = facts["budget_bytes"] or run["budget_bytes"]  # a cap: the worker's own
+            answer, departure = replay(run["trial_log"], budget_bytes, facts["max_batch_limit"])
             where = "follows the run to its end" if departure is None else (
                 f"departs at trial {departure[0] + 1}: asks {departure[1]}, the run did {departure[2]}")
             print(f"{facts['name']}, run {number}: answered {run['found']}; the search now {where}"

@@ -24,12 +24,14 @@ from edgebatch.probing.budget import DeviceFacts, default_device, device_facts, 
 from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
 from edgebatch.probing.outcomes import (
     ANSWER_READINGS,
+    BAND_READINGS_FACTOR,
     BUMP_EDGE_FRACTION,
     DEFAULT_MAX_BATCH_LIMIT,
     DEFAULT_START_BATCH,
     DEFAULT_STRATEGY,
     SPREAD_NOISE_FRACTION,
     effective_budget_bytes,
+    oom_band_seen,
     peak_spread_fraction,
 )
 from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
@@ -460,8 +462,12 @@ def _record(trial: Trial, trials: list[Trial], outcomes: list[Outcome], config: 
     trials.append(trial)
     ran = trial.ok or trial.error == "over_budget"
     spread_before = peak_spread_fraction(outcomes)
+    band_before = oom_band_seen(outcomes)
     outcomes.append(Outcome(trial.batch, ran=ran, peak_bytes=trial.peak_bytes, fresh=trial.fresh, forked=trial.forked))
     progress(_trial_line(trial) + note)
+    if config.strategy == "slow_start" and not band_before and oom_band_seen(outcomes):
+        progress(f"  fresh workers both ran and ran out of memory at or below batch {trial.batch}: the edge is a "
+                 f"band here, so the answer needs {config.answer_readings * BAND_READINGS_FACTOR} fresh readings")
     spread = peak_spread_fraction(outcomes)
     if spread > max(spread_before, SPREAD_NOISE_FRACTION):
         progress(f"  fresh workers read batch {trial.batch} {spread:.1%} apart: peaks differ between processes "

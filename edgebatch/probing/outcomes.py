@@ -54,6 +54,15 @@ SPREAD_NOISE_FRACTION = 0.01
 # A fresh worker's out-of-memory failure is a transient only when a batch this many times larger
 # fitted in a fresh worker (see contradicted): a worker killed once at 16 while 334 fitted fresh.
 OOM_TRANSIENT_RATIO = 2
+# slow_start: where the edge is a band (oom_band_seen: fresh processes both ran and ran out of
+# memory at one batch, or ran above a batch where one ran out), the answer needs this many times
+# answer_readings fresh readings (6 by default). mlp under a 256 MiB address-space cap, Intel Xeon,
+# two malloc arenas, tests/support/fresh_step.py at 10 steps: 20000 and 21000 ran in 5 of 5
+# processes, 22000 in 1 of 5, 22507 in 3 of 5, 23000 in 4 of 5, 24000 in 1 of 5
+# (device_profiles/README.md, "An out-of-memory band"). Each reading there is a draw: n fits in a
+# row pass a batch that fails in a share p of processes with probability (1 - p)^n, 22% at p = 0.4
+# for 3 readings and 5% for 6. A failed reading counts (contradicted) and the search goes on below.
+BAND_READINGS_FACTOR = 2
 
 
 @dataclass(frozen=True)
@@ -190,6 +199,16 @@ def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: in
         return any(o.fresh and o.measured and o.fits(budget_bytes) and o.batch >= OOM_TRANSIENT_RATIO * failure.batch
                    for o in outcomes)
     return any(o.fresh and o.measured and o.batch >= failure.batch and o.fits(budget_bytes) for o in outcomes)
+
+
+def oom_band_seen(outcomes: Sequence[Outcome]) -> bool:
+    """Whether fresh processes met the edge as a band: one ran out of memory at a batch where another
+    fresh one ran, or below one that ran (under OOM_TRANSIENT_RATIO times its batch: above that the
+    failure is a transient, see contradicted). Under a hard limit (an address-space cap) where each
+    process draws "runs" or "runs out" the answer then needs more readings (BAND_READINGS_FACTOR)."""
+    ooms = [o.batch for o in outcomes if o.fresh and o.measured and not o.ran]
+    ran = [o.batch for o in outcomes if o.fresh and o.measured and o.ran]
+    return any(oom <= batch < OOM_TRANSIENT_RATIO * oom for oom in ooms for batch in ran)
 
 
 def counted_failures(outcomes: Sequence[Outcome], budget_bytes: int) -> list[Outcome]:

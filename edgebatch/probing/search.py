@@ -50,6 +50,7 @@ from edgebatch.probing import baselines
 from edgebatch.probing.memory_fit import bump_excess_bytes, memory_model_of, prior_through_readings
 from edgebatch.probing.outcomes import (
     ANSWER_READINGS,
+    BAND_READINGS_FACTOR,
     BUMP_EDGE_FRACTION,
     STRATEGIES,
     Done,
@@ -60,6 +61,7 @@ from edgebatch.probing.outcomes import (
     Step,
     edge_of,
     first_batch,
+    oom_band_seen,
     round_down,
     with_effective_budget,
 )
@@ -150,16 +152,19 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
 
 
 def _repeat_answer(config: SearchConfig, outcomes: Sequence[Outcome], done: Done) -> Step:
-    """One more fresh trial at the answer until it has config.answer_readings fresh readings.
+    """One more fresh trial at the answer until it has config.answer_readings fresh readings, or
+    BAND_READINGS_FACTOR times that where the edge is an out-of-memory band (oom_band_seen).
 
     Where fresh processes read one batch differently, the repeats show it: the budget is then
-    lowered by the spread (outcomes.effective_budget_bytes) and the search goes on below.
+    lowered by the spread (outcomes.effective_budget_bytes) and the search goes on below. In a band
+    a reading that runs out of memory counts as a failure and the search goes on below it.
     """
     if done.max_batch is None:
         return done
-    # Every fresh trial of the batch counts, an out-of-memory one too: at most answer_readings each.
+    # Every fresh trial of the batch counts, an out-of-memory one too: at most the readings asked each.
     tried = sum(1 for o in outcomes if o.batch == done.max_batch and o.fresh and o.measured)
-    missing = config.answer_readings - tried
+    wanted = config.answer_readings * (BAND_READINGS_FACTOR if oom_band_seen(outcomes) else 1)
+    missing = wanted - tried
     return Run(done.max_batch, fresh=True, readings=missing) if missing > 0 else done
 
 
