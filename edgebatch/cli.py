@@ -104,11 +104,11 @@ def format_profile(profile) -> str:
 def _spread_note(profile) -> str:
     """How far repeated fresh readings of one batch differed, and what the answer was judged by."""
     from edgebatch.probing.api import fit_budget_bytes
-    from edgebatch.probing.outcomes import SPREAD_NOISE_FRACTION, peak_spread_fraction
-    from edgebatch.probing.summary import judged_budget_bytes, outcome_of
+    from edgebatch.probing.outcomes import SPREAD_NOISE_FRACTION
+    from edgebatch.probing.summary import judged_budget_bytes, spread_fraction_of
     from edgebatch.threads import recorded_inter_op_threads
 
-    spread = peak_spread_fraction([outcome_of(trial) for trial in profile.trials])
+    spread = spread_fraction_of(profile.trials)
     readings = (profile.search or {}).get("answer_readings", 1)
     if spread <= SPREAD_NOISE_FRACTION:
         return f"answer read in {readings} fresh worker(s); repeated readings within {SPREAD_NOISE_FRACTION:.0%}"

@@ -52,6 +52,22 @@ def test_each_batch_and_length_is_fitted_at_its_lowest_reading():
     assert model.points == len(points) and model.r2 == pytest.approx(1.0)
 
 
+def test_high_draws_above_the_line_are_left_out_but_a_bending_line_is_not_cleaned():
+    points = [(8, 64), (300, 64), (600, 64), (900, 64), (8, 512), (16, 512), (24, 512), (90, 256), (60, 256),
+              (80, 256), (95, 256), (96, 256)]
+    readings = exact(800 * MIB, 6_500.0, 95.0, points)
+    drawn = [(b, n, p + 130 * MIB) if (b, n) in {(80, 256), (96, 256)} else (b, n, p) for b, n, p in readings]
+    model = token_fit.fit_token_model(drawn)
+    assert model.points == len(points) - 2 and model.r2 == pytest.approx(1.0)
+    assert model.per_token_bytes == pytest.approx(6_500.0, rel=1e-6)
+    # Over a quarter of the points above the line is not a set of draws: every point stays.
+    high = {(80, 256), (96, 256), (600, 64), (16, 512)}
+    many = [(b, n, p + 130 * MIB) if (b, n) in high else (b, n, p) for b, n, p in readings]
+    model = token_fit.fit_token_model(many)
+    assert sum(1 for b, n, p in many if p > model.predict_bytes(b, n) * (1 + token_fit.HIGH_DRAW_FRACTION)) > 3
+    assert model.points == len(points) and model.r2 < 1.0
+
+
 def test_one_length_or_too_few_readings_fit_nothing():
     assert token_fit.fit_token_model(exact(MIB, 1.0, 1.0, [(8, 64), (16, 64), (32, 64)])) is None
     assert token_fit.fit_token_model(exact(MIB, 1.0, 1.0, [(8, 64), (16, 128)])) is None
@@ -161,3 +177,42 @@ def test_the_forms_tool_refits_a_kept_run_as_the_probe_does():
     probe_line = next(line for line in out.splitlines() if line.startswith("probe's form"))
     assert f"128: {today}," in probe_line, probe_line
     assert "RMS" in out and out.count("predicted ceilings") == 4
+
+
+def _trial(batch, length, peak_mib, fresh=True, forked=False):
+    from edgebatch.profiles.model import Trial
+
+    return Trial(batch=batch, ok=True, error=None, peak_bytes=int(peak_mib * MIB), process_peak_bytes=None,
+                 allocator_peak_bytes=None, step_seconds=1.0, samples_per_second=10.0, fresh=fresh,
+                 forked=forked if fresh else None, seq_len=length)
+
+
+def test_the_spread_is_read_within_each_length_not_across_them():
+    from edgebatch.probing.summary import judged_budget_bytes, spread_fraction_of
+
+    # Batch 8 at 64 and at 512 tokens: two lengths, not one batch read twice.
+    across = [_trial(8, 64, 817.8), _trial(8, 512, 1039.9)]
+    assert spread_fraction_of(across) == 0.0 and judged_budget_bytes(across, 1500 * MIB) == 1500 * MIB
+    # 95 x 256 read 1,519.6 and 1,620.3 MiB in two new processes (seq_lens_two_valued_b201dfd.json).
+    within = across + [_trial(95, 256, 1519.6), _trial(95, 256, 1620.3)]
+    assert spread_fraction_of(within) == pytest.approx(1620.3 / 1519.6 - 1)
+    assert judged_budget_bytes(within, 1500 * MIB) == int(1500 * MIB / (1620.3 / 1519.6))
+
+
+def test_a_predicted_length_is_judged_under_the_widest_spread_a_probed_length_showed():
+    from profile_factory import make_profile
+
+    model = TokenMemoryModel(1000 * MIB, 10_000.0, 100.0, 0.999, 8, (64, 512))
+    per_length = {64: LengthCeiling(300, 270, 1900 * MIB), 512: LengthCeiling(20, 17, 1950 * MIB)}
+    steady = [_trial(300, 64, 1900), _trial(300, 64, 1900.5)]
+    two_valued = steady + [_trial(20, 512, 1900), _trial(20, 512, 2050)]
+    kwargs = dict(per_length=per_length, token_model=model, budget_bytes=2048 * MIB, headroom=0.1,
+                  search={"inter_op_threads": 1})
+    limit = 2048 * MIB * 0.99
+    calm = token_fit.profile_ceiling_at_length(make_profile(trials=steady, **kwargs), 256)
+    spread = 2050 / 1900 - 1
+    lowered = token_fit.profile_ceiling_at_length(make_profile(trials=two_valued, **kwargs), 256)
+    assert calm.max_batch == model.batch_for_bytes(int(limit / (1 + 0.5 / 1900)), 256)
+    assert lowered.max_batch == model.batch_for_bytes(int(limit / (1 + spread)), 256) < calm.max_batch
+    # A probed length keeps its own answer.
+    assert token_fit.profile_ceiling_at_length(make_profile(trials=two_valued, **kwargs), 512) == per_length[512]

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 
 from edgebatch.probing import memory_fit
-from edgebatch.probing.outcomes import Edge, Outcome, counted_failures, edge_of, effective_budget_bytes
+from edgebatch.probing.outcomes import Edge, Outcome, counted_failures, edge_of, peak_spread_fraction
 from edgebatch.profiles.model import MemoryModel, Trial
 
 # Throughput within 5% of the best counts as the plateau (the issue's definition of the knee).
@@ -35,10 +35,21 @@ def outcome_of(trial: Trial) -> Outcome:
     )
 
 
+def spread_fraction_of(trials: Sequence[Trial]) -> float:
+    """The widest spread of repeated fresh readings of one batch (outcomes.peak_spread_fraction),
+    taken within each sequence length: a probe per length reads a batch at 64 and at 512 tokens in
+    different workers, and those are not one batch's readings."""
+    by_length: dict[int | None, list[Outcome]] = {}
+    for trial in trials:
+        by_length.setdefault(trial.seq_len, []).append(outcome_of(trial))
+    return max((peak_spread_fraction(outcomes) for outcomes in by_length.values()), default=0.0)
+
+
 def judged_budget_bytes(trials: Sequence[Trial], budget_bytes: float) -> int:
     """The budget the search judged readings by: lowered by the spread of repeated fresh readings of
-    one batch (outcomes.effective_budget_bytes), as the search lowered it."""
-    return effective_budget_bytes([outcome_of(t) for t in trials], budget_bytes)
+    one batch (outcomes.effective_budget_bytes: budget / (1 + spread)), as the search lowered it.
+    Over a probe per length's trials, the widest spread of any length (spread_fraction_of)."""
+    return int(budget_bytes / (1 + spread_fraction_of(trials)))
 
 
 def edge_of_trials(trials: Sequence[Trial], budget_bytes: float) -> Edge:

@@ -93,11 +93,15 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
     model_trusted = token_fit.trusted(profile.token_model)
     for length in sorted(set(probe_lens) | set(predict_lens)):
         probed = length in profile.per_length
-        predicted = None
+        predicted = given = None
         if model_trusted:
+            # The model's line alone under the fitting limit (how well it predicts), and what the
+            # profile gives there: the same under the limit lowered by the widest spread a probed
+            # length showed (token_fit.profile_ceiling_at_length).
             predicted = token_fit.ceiling_at_length(length, per_length=None, token_model=profile.token_model,
                                                     fit_budget_bytes=limit, headroom=profile.headroom).max_batch
-        found = profile.per_length[length].max_batch if probed else predicted
+            given = token_fit.profile_ceiling_at_length(profile, length).max_batch
+        found = profile.per_length[length].max_batch if probed else given
         trials = sum(1 for t in profile.trials if t.seq_len == length and t.measured)
         if found is None:
             log(f"{length} tokens: not probed, and the token model is not trusted: no prediction to check")
@@ -118,6 +122,8 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
             "probed": probed,
             "found": found,
             "predicted_max_batch": predicted,
+            "line_over_truth_at_fit_limit": (predicted / truths["fit_limit"]["ceiling"]
+                                             if predicted and truths["fit_limit"]["ceiling"] else None),
             "trials": trials,
             "truth": truths,
         })
@@ -178,6 +184,13 @@ def _ratio(row, name):
     return "-" if value is None else f"{value:.3f} (truth {ceiling}){narrowed}"
 
 
+def _line(row) -> str:
+    if row["predicted_max_batch"] is None:
+        return "-"
+    ratio = row.get("line_over_truth_at_fit_limit")
+    return str(row["predicted_max_batch"]) + ("" if ratio is None else f" ({ratio:.3f})")
+
+
 def markdown(data: dict) -> str:
     mib = 1024**2
     model = token_model_of(data)
@@ -188,7 +201,9 @@ def markdown(data: dict) -> str:
         f"`{data['model']}` probed per length at {', '.join(map(str, data['probe_lens']))} tokens under a "
         f"{data['budget_bytes'] / mib:.0f} MiB resident budget (`--trial-seconds {data['trial_seconds']:g}`), in "
         f"{data['probe_seconds']:.0f} s; lengths {', '.join(map(str, data['predict_lens']))} were not probed and are "
-        "the token model's predictions where it is trusted. Truth: fresh processes (tests/support/fresh_step.py --seq-len, 10 steps), "
+        "the token model's predictions where it is trusted: its line under the fitting limit, and as the answer "
+        "what the profile gives (token_fit.profile_ceiling_at_length: the same under the limit lowered by the "
+        "widest spread between processes any probed length showed). Truth: fresh processes (tests/support/fresh_step.py --seq-len, 10 steps), "
         f"at the budget and at the probe's fitting limit ({data['fit_limit_bytes'] / mib:.0f} MiB, {data['fit_limit_bytes'] / data['budget_bytes']:.3f} x budget, "
         "the limit max_batch is defined by). "
         + (f"Workers and truth ran {data['inter_op_threads']} TensorFlow inter-op thread(s) (`--inter-op-threads`). "
@@ -209,14 +224,15 @@ def markdown(data: dict) -> str:
             "",
         ]
     lines += [
-        "| tokens | probed | trials | answer | token model's prediction | answer / truth at the fitting limit | "
+        "| tokens | probed | trials | answer | token model's line under the fitting limit (/ truth there) | "
+        "answer / truth at the fitting limit | "
         "answer / truth at the budget |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in data["rows"]:
         lines.append(
             f"| {row['length']} | {'yes' if row['probed'] else 'no'} | {row['trials']} | {'-' if row['found'] is None else row['found']} | "
-            f"{'-' if row['predicted_max_batch'] is None else row['predicted_max_batch']} | {_ratio(row, 'fit_limit')} | "
+            f"{_line(row)} | {_ratio(row, 'fit_limit')} | "
             f"{_ratio(row, 'budget')} |"
         )
     lines += ["", f"Whole run {data['seconds']:.0f} s, load average {data['load_average']}.", SECTION_END]
