@@ -55,10 +55,13 @@ def test_a_predicted_length_shows_the_lines_ceiling_against_the_truth_and_the_lo
                         "r2": 0.998, "points": 21, "lengths": [64, 512], "trusted": True},
         "rows": [{"length": 128, "probed": False, "found": 290, "predicted_max_batch": 308,
                   "line_over_truth_at_fit_limit": 308 / 322, "trials": 0,
+                  "repeats": {"answer": {"batch": 290, "processes": 5, "under_budget": 5, "peaks": []},
+                              "truth": {"batch": 333, "processes": 5, "under_budget": 3, "peaks": []}},
                   "truth": {"budget": truth(290, 333), "fit_limit": truth(290, 322)}}],
     }
     report = seq_len_bench.markdown(data)
-    assert "| 128 | no | 0 | 290 | 308 (0.957) | 0.901 (truth 322) | 0.871 (truth 333) |" in report, report
+    assert ("| 128 | no | 0 | 290 | 308 (0.957) | 0.901 (truth 322) | 0.871 (truth 333) | 5 of 5 at 290; 3 of 5 at 333 |"
+            in report), report
     assert "Not trusted" not in report
 
 

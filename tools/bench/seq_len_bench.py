@@ -12,7 +12,10 @@ Two truths per length, from the same fresh checks (each check's peak is compared
 - at the probe's fitting limit, the budget less the measurement margin (api.fit_budget_bytes: 0.99 x
   budget with one inter-op thread, the default): the limit `max_batch` is defined by
   (device_profiles/README.md).
-Against the first, the margin alone costs 0.025 x budget / (budget - fixed) of the batch (about 5%
+Then REPEAT_PROCESSES (4) more new processes at each length's answer and at its truth's ceiling at
+the budget, with the truth's own one: where processes read one batch at two levels a single
+process per batch may draw the low one, and the count says how often each batch stays under the
+budget. Against the first truth, the margin alone costs 0.025 x budget / (budget - fixed) of the batch (about 5%
 at 1.5 GiB, where the process holds ~750 MiB before any batch), so both are reported.
 
 Writes tools/bench/results/seq_lens.json and, with --benchmarks-md, its own section of
@@ -52,9 +55,28 @@ RESULTS_FILE = RESULTS_DIR / "seq_lens.json"
 TRUTH_SECONDS_PER_LENGTH = 300.0
 
 
+# More new processes at the answer and at the truth's ceiling (at the budget), after the truth's
+# one process per batch: where processes read one batch at two levels (device_profiles/README.md,
+# "Probing per sequence length") one process a batch says nothing about the others.
+REPEAT_PROCESSES = 4
+UNCACHED_CHECK = probe_truth.fresh_check
+
+
+def repeated_reading(model: str, length: int, batch: int, budget_bytes: int, first: dict | None, extra: int) -> dict:
+    """`extra` more new processes at `batch` (fresh_step.py, as the truth runs it), with the truth's
+    own check of it (`first`) when it made one: how many ran under the budget, and their peaks."""
+    checks = ([first] if first else []) + [UNCACHED_CHECK(model, batch, None, None, seq_len=length)
+                                           for _ in range(extra)]
+    peaks = [c["peak_bytes"] for c in checks]
+    fits = sum(1 for c in checks if c["ran"] and c["peak_bytes"] is not None and c["peak_bytes"] <= budget_bytes)
+    log(f"{length} tokens, batch {batch}: {fits} of {len(checks)} new processes under the budget "
+        f"(peaks MiB: {[None if p is None else round(p / 2**20, 1) for p in peaks]})")
+    return {"batch": batch, "processes": len(checks), "under_budget": fits, "peaks": peaks}
+
+
 def cached_checks():
     """probe_truth.fresh_check with a memory: the two truths of one length share their processes."""
-    original = probe_truth.fresh_check
+    original = UNCACHED_CHECK
     seen: dict[tuple, dict] = {}
 
     def check(model_spec, batch, budget_bytes, headroom_bytes, seq_len=None):
@@ -79,7 +101,7 @@ def truth_at(model, length, found, hints, budget_bytes) -> dict:
 
 
 def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens: tuple[int, ...],
-        trial_seconds: float) -> dict:
+        trial_seconds: float, repeat_processes: int = REPEAT_PROCESSES) -> dict:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as profiles:
         profile = probe(model, device="CPU:0", memory_budget=budget_bytes, seq_lens=probe_lens,
@@ -117,9 +139,18 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
             truths[name]["found_over_true"] = found / truth["ceiling"] if truth["ceiling"] else None
             log(f"{length} tokens, truth at {name}: {truth['ceiling']} (found {found}, "
                 f"ratio {truths[name]['found_over_true']})")
+        repeats = None
+        if repeat_processes:
+            ceiling = truths["budget"]["ceiling"]
+            repeats = {
+                name: repeated_reading(model, length, batch, budget_bytes, checks.get((model, batch, length)),
+                                       repeat_processes)
+                for name, batch in (("answer", found), ("truth", ceiling)) if batch
+            }
         rows.append({
             "length": length,
             "probed": probed,
+            "repeats": repeats,
             "found": found,
             "predicted_max_batch": predicted,
             "line_over_truth_at_fit_limit": (predicted / truths["fit_limit"]["ceiling"]
@@ -184,6 +215,15 @@ def _ratio(row, name):
     return "-" if value is None else f"{value:.3f} (truth {ceiling}){narrowed}"
 
 
+def _repeats(row) -> str:
+    """'5 of 5 at 79; 3 of 5 at 95' (repeated_reading), '-' where none were run."""
+    repeats = row.get("repeats")
+    if not repeats:
+        return "-"
+    return "; ".join(f"{r['under_budget']} of {r['processes']} at {r['batch']}"
+                     for r in (repeats.get("answer"), repeats.get("truth")) if r)
+
+
 def _line(row) -> str:
     if row["predicted_max_batch"] is None:
         return "-"
@@ -226,14 +266,14 @@ def markdown(data: dict) -> str:
     lines += [
         "| tokens | probed | trials | answer | token model's line under the fitting limit (/ truth there) | "
         "answer / truth at the fitting limit | "
-        "answer / truth at the budget |",
-        "|---|---|---|---|---|---|---|",
+        "answer / truth at the budget | new processes under the budget: at the answer; at the truth's ceiling |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in data["rows"]:
         lines.append(
             f"| {row['length']} | {'yes' if row['probed'] else 'no'} | {row['trials']} | {'-' if row['found'] is None else row['found']} | "
             f"{_line(row)} | {_ratio(row, 'fit_limit')} | "
-            f"{_ratio(row, 'budget')} |"
+            f"{_ratio(row, 'budget')} | {_repeats(row)} |"
         )
     lines += ["", f"Whole run {data['seconds']:.0f} s, load average {data['load_average']}.", SECTION_END]
     return "\n".join(lines)
@@ -246,6 +286,8 @@ def main() -> None:
     parser.add_argument("--probe-lens", default="64,256,512")
     parser.add_argument("--predict-lens", default="128")
     parser.add_argument("--trial-seconds", type=float, default=4.0)
+    parser.add_argument("--repeat-processes", type=int, default=REPEAT_PROCESSES,
+                        help="new processes more at each length's answer and at its truth's ceiling (0: none)")
     parser.add_argument("--from-json", default=None, help="re-render a results file instead of running")
     parser.add_argument("--benchmarks-md", default=None, help="write this benchmark's section into BENCHMARKS.md")
     args = parser.parse_args()
@@ -253,7 +295,7 @@ def main() -> None:
         data = json.loads(Path(args.from_json).read_text())
     else:
         data = run(args.model, parse_size_bytes(args.budget), token_fit.parse_seq_lens(args.probe_lens),
-                   token_fit.parse_seq_lens(args.predict_lens), args.trial_seconds)
+                   token_fit.parse_seq_lens(args.predict_lens), args.trial_seconds, args.repeat_processes)
         write_json(RESULTS_FILE, data)
         log(f"wrote {RESULTS_FILE}")
     text = markdown(data)
