@@ -12,16 +12,17 @@ Two truths per length, from the same fresh checks (each check's peak is compared
 - at the probe's fitting limit, the budget less the measurement margin (api.fit_budget_bytes: 0.99 x
   budget with one inter-op thread, the default): the limit `max_batch` is defined by
   (device_profiles/README.md).
+Against the first, the margin alone costs 0.01 x budget / (budget - fixed) of the batch (about 2%
+at 1.5 GiB, where the process holds ~800 MiB before any batch), so both are reported.
 Then REPEAT_PROCESSES (4) more new processes at each length's answer and at its truth's ceiling at
 the budget, with the truth's own one: where processes read one batch at two levels a single
 process per batch may draw the low one, and the count says how often each batch stays under the
-budget. Against the first truth, the margin alone costs 0.025 x budget / (budget - fixed) of the batch (about 5%
-at 1.5 GiB, where the process holds ~750 MiB before any batch), so both are reported.
+budget.
 
 Writes tools/bench/results/seq_lens.json and, with --benchmarks-md, its own section of
 BENCHMARKS.md between the markers below (run.py keeps it).
 
-    python tools/bench/seq_len_bench.py --benchmarks-md BENCHMARKS.md      # ~10 minutes on 2 cores
+    python tools/bench/seq_len_bench.py --benchmarks-md BENCHMARKS.md      # ~15 minutes on 2 cores
     python tools/bench/seq_len_bench.py --from-json tools/bench/results/seq_lens.json --benchmarks-md BENCHMARKS.md
 """
 
