@@ -30,7 +30,7 @@ MIN_FIT_R2 = 0.98
 # memory_fit.PEAK_SPREAD_FRACTION, how far one batch's peaks differ between processes without
 # one. The high draws seen sat 9-10% above the line, the rest within 1.9% (fit_token_model).
 HIGH_DRAW_FRACTION = PEAK_SPREAD_FRACTION
-# Left out as high draws only when they are at most this share of the points (4-5 of 23-24 seen).
+# Left out as high draws only when they are at most this share of the points (1-2 of 23-24 seen).
 MAX_HIGH_DRAW_SHARE = 0.25
 
 # (batch, length, peak_bytes) of a trial that measured a peak.
