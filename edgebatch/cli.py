@@ -66,6 +66,7 @@ def format_profile(profile) -> str:
         f"  safe_batch        {profile.safe_batch}   (headroom {profile.headroom:.0%})",
         f"  throughput_knee   {profile.throughput_knee}",
         f"  inter-op threads  {_inter_op_note(profile.search)}",
+        f"  malloc arenas     {_arena_note(profile.search)}",
         f"  fresh repeats     {_spread_note(profile)}",
     ]
     if model is not None:
@@ -116,6 +117,14 @@ def _spread_note(profile) -> str:
     judged = judged_budget_bytes(profile.trials, fit_budget)
     return (f"peaks differ between processes here: repeated readings of one batch {spread:.1%} apart, "
             f"so readings were judged against about {format_bytes(judged)}")
+
+
+def _arena_note(search: dict) -> str:
+    from edgebatch import malloc_arenas
+
+    recorded = (search or {}).get("malloc_arena_max")
+    note = malloc_arenas.describe(recorded)
+    return note if recorded is None else f"{note}: the ceilings hold for training started with the same"
 
 
 def _inter_op_note(search: dict) -> str:

@@ -110,6 +110,7 @@ def test_max_batch_is_within_7_percent_of_the_fresh_process_truth_and_never_abov
 def test_profile_is_coherent(small_cnn_profile):
     profile = small_cnn_profile
     assert profile.measure == "process_peak"
+    assert profile.search["malloc_arena_max"] == 1  # the environment one_malloc_arena gave its workers
     assert profile.safe_batch < profile.max_batch
     assert profile.memory_model.r2 > 0.98
     fitted = [t for t in profile.trials if t.ok]

@@ -347,3 +347,41 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
     # A child first, then one new process for readings=1, then two side by side for readings=2.
     assert started == ["a fork server", None, None, None]
     assert [trial.forked for trial in trials] == [True, False, False, False]
+
+
+def test_the_malloc_arena_limit_is_read_as_glibc_reads_it():
+    from edgebatch.malloc_arenas import malloc_arena_max_in_effect
+
+    assert malloc_arena_max_in_effect({"MALLOC_ARENA_MAX": "1"}) == 1
+    assert malloc_arena_max_in_effect({"MALLOC_ARENA_MAX": " 2 "}) == 2
+    for ignored in ({}, {"MALLOC_ARENA_MAX": ""}, {"MALLOC_ARENA_MAX": "0"}, {"MALLOC_ARENA_MAX": "two"}):
+        assert malloc_arena_max_in_effect(ignored) is None
+
+
+def test_a_probe_records_the_malloc_arena_limit_it_ran_under_and_reuses_only_under_the_same(monkeypatch):
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "1")
+    one_arena = ProbeRequest().search_settings()
+    assert one_arena["malloc_arena_max"] == 1
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    as_is = ProbeRequest().search_settings()
+    assert as_is["malloc_arena_max"] is None
+    reason = problem(search=one_arena)
+    assert reason == ("it was probed with 1 (MALLOC_ARENA_MAX=1) as the malloc arena limit, "
+                      "this probe runs with glibc's default (MALLOC_ARENA_MAX unset)")
+    assert problem(search=one_arena, malloc_arena_max=1) is None
+
+
+def test_a_profile_from_before_the_arena_limit_was_recorded_counts_as_unset():
+    older = {key: value for key, value in SEARCH.items() if key != "malloc_arena_max"}
+    assert problem(search=older, malloc_arena_max=None) is None
+    assert "as the malloc arena limit" in problem(search=older, malloc_arena_max=1)
+
+
+def test_the_profile_summary_says_which_malloc_arena_limit_its_ceilings_hold_for():
+    from profile_factory import make_profile
+
+    from edgebatch.cli import format_profile
+
+    recorded = format_profile(make_profile(search={"malloc_arena_max": 1}))
+    assert "malloc arenas     1 (MALLOC_ARENA_MAX=1): the ceilings hold for training started with the same" in recorded
+    assert "malloc arenas     glibc's default (MALLOC_ARENA_MAX unset)" in format_profile(make_profile())

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from edgebatch.errors import ProbeError, UsageError
+from edgebatch.malloc_arenas import malloc_arena_max_in_effect
 from edgebatch.probing import per_length, summary, token_fit
 from edgebatch.probing.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
 from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
@@ -214,6 +215,8 @@ class ProbeRequest:
             "trial_seconds": self.trial_seconds,
             "inter_op_threads": self.inter_op_threads,
             "answer_readings": self.answer_readings,
+            # The workers inherit this process's environment (edgebatch/malloc_arenas.py).
+            "malloc_arena_max": malloc_arena_max_in_effect(),
         }
         if seq_lens:
             settings["seq_lens"] = list(seq_lens)

@@ -6,7 +6,8 @@ key); what is left is everything else that changes the answer:
 
 - the search settings: the batch limit, the multiple, the strategy, the steps and seconds a trial
   runs, TensorFlow's inter-op threads in the workers (a profile without the field was measured
-  with TensorFlow's own pool, 0), the fresh readings of the answer (without the field: 1), and the headroom (it decides `safe_batch`). `start` is left out:
+  with TensorFlow's own pool, 0), the fresh readings of the answer (without the field: 1), glibc's
+  malloc arena limit in the probe's environment (without the field: unset), and the headroom (it decides `safe_batch`). `start` is left out:
   it changes where the search begins, not where it ends. A profile that records no `search`
   settings (written by a version before they were recorded) is not reused.
 - the budget, explicit or default, within BUDGET_TOLERANCE_FRACTION. A default budget is the RAM
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from edgebatch import malloc_arenas
 from edgebatch.threads import UNRECORDED_INTER_OP_THREADS
 from edgebatch.units import format_bytes
 
@@ -36,10 +38,12 @@ ANSWER_SETTINGS = {
     "seq_lens": "--seq-lens",
     "inter_op_threads": "--inter-op-threads",
     "answer_readings": "--answer-readings",
+    # glibc's malloc arena limit in the probe's environment (edgebatch/malloc_arenas.py).
+    "malloc_arena_max": "MALLOC_ARENA_MAX",
 }
 # What a setting was when a profile does not record it: written before the setting existed (the
 # answer was read once before repeats were made).
-UNRECORDED_SETTINGS = {"inter_op_threads": UNRECORDED_INTER_OP_THREADS, "answer_readings": 1}
+UNRECORDED_SETTINGS = {"inter_op_threads": UNRECORDED_INTER_OP_THREADS, "answer_readings": 1, "malloc_arena_max": None}
 
 
 def reuse_problem(
@@ -58,6 +62,9 @@ def reuse_problem(
         cached = cached_search.get(name, UNRECORDED_SETTINGS.get(name))
         requested = requested_search.get(name)
         if cached != requested:
+            if name == "malloc_arena_max":
+                return (f"it was probed with {malloc_arenas.describe(cached)} as the malloc arena limit, "
+                        f"this probe runs with {malloc_arenas.describe(requested)}")
             return f"it was probed with {option} {cached}, this probe asks for {requested}"
     if abs(cached_headroom - requested_headroom) > 1e-9:
         return f"it was probed with --headroom {cached_headroom}, this probe asks for {requested_headroom}"
