@@ -216,3 +216,17 @@ def test_a_predicted_length_is_judged_under_the_widest_spread_a_probed_length_sh
     assert lowered.max_batch == model.batch_for_bytes(int(limit / (1 + spread)), 256) < calm.max_batch
     # A probed length keeps its own answer.
     assert token_fit.profile_ceiling_at_length(make_profile(trials=two_valued, **kwargs), 512) == per_length[512]
+
+
+def test_the_profile_summary_does_not_take_two_lengths_of_one_batch_for_a_spread():
+    from profile_factory import make_profile
+
+    from edgebatch.cli import format_profile
+
+    model = TokenMemoryModel(800 * MIB, 6_500.0, 95.0, 0.999, 8, (64, 512))
+    trials = [_trial(8, 64, 817.8), _trial(8, 512, 1039.9), _trial(26, 512, 1481.0), _trial(26, 512, 1481.3)]
+    text = format_profile(make_profile(trials=trials, token_model=model, budget_bytes=1536 * MIB, headroom=0.1,
+                                       per_length={64: LengthCeiling(900, 700, 1500 * MIB),
+                                                   512: LengthCeiling(26, 20, 1481 * MIB)},
+                                       search={"answer_readings": 3}))
+    assert "repeated readings within 1%" in text, text
