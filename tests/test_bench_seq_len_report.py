@@ -26,19 +26,24 @@ def truth(found, ceiling):
             "failures_below_ceiling": [], "found_over_true": found / ceiling}
 
 
-def test_an_untrusted_token_model_leaves_unprobed_lengths_without_a_prediction():
-    data = {
+def results(r2, trusted, points, rows):
+    """A seq_len_bench results dict around `rows`, as run() writes it."""
+    return {
         "model": "transformer_tiny", "budget_bytes": 1536 * MIB, "fit_limit_bytes": int(1536 * MIB * 0.99),
         "trial_seconds": 10.0, "inter_op_threads": 1, "probe_lens": [64, 512], "predict_lens": [128],
         "probe_seconds": 150.0, "seconds": 400.0, "load_average": [1.0, 1.0, 1.0],
         "token_model": {"fixed_bytes": 800 * MIB, "per_token_bytes": 6500.0, "per_token_squared_bytes": 95.0,
-                        "r2": 0.95, "points": 12, "lengths": [64, 512], "trusted": False},
-        "rows": [
-            {"length": 64, "probed": True, "found": 901, "predicted_max_batch": None, "trials": 7,
-             "truth": {"budget": truth(901, 931), "fit_limit": truth(901, 910)}},
-            {"length": 128, "probed": False, "found": None, "predicted_max_batch": None, "trials": 0, "truth": None},
-        ],
+                        "r2": r2, "points": points, "lengths": [64, 512], "trusted": trusted},
+        "rows": rows,
     }
+
+
+def test_an_untrusted_token_model_leaves_unprobed_lengths_without_a_prediction():
+    data = results(0.95, False, 12, [
+        {"length": 64, "probed": True, "found": 901, "predicted_max_batch": None, "trials": 7,
+         "truth": {"budget": truth(901, 931), "fit_limit": truth(901, 910)}},
+        {"length": 128, "probed": False, "found": None, "predicted_max_batch": None, "trials": 0, "truth": None},
+    ])
     report = seq_len_bench.markdown(data)
     assert "Not trusted" in report and "no length is predicted" in report
     assert "| 64 | yes | 7 | 901 | - | 0.990 (truth 910) | 0.968 (truth 931) |" in report
@@ -47,18 +52,13 @@ def test_an_untrusted_token_model_leaves_unprobed_lengths_without_a_prediction()
 
 
 def test_a_predicted_length_shows_the_lines_ceiling_against_the_truth_and_the_lowered_answer():
-    data = {
-        "model": "transformer_tiny", "budget_bytes": 1536 * MIB, "fit_limit_bytes": int(1536 * MIB * 0.99),
-        "trial_seconds": 10.0, "inter_op_threads": 1, "probe_lens": [64, 512], "predict_lens": [128],
-        "probe_seconds": 150.0, "seconds": 400.0, "load_average": [1.0, 1.0, 1.0],
-        "token_model": {"fixed_bytes": 800 * MIB, "per_token_bytes": 6500.0, "per_token_squared_bytes": 95.0,
-                        "r2": 0.998, "points": 21, "lengths": [64, 512], "trusted": True},
-        "rows": [{"length": 128, "probed": False, "found": 290, "predicted_max_batch": 308,
-                  "line_over_truth_at_fit_limit": 308 / 322, "trials": 0,
-                  "repeats": {"answer": {"batch": 290, "processes": 5, "under_budget": 5, "peaks": []},
-                              "truth": {"batch": 333, "processes": 5, "under_budget": 3, "peaks": []}},
-                  "truth": {"budget": truth(290, 333), "fit_limit": truth(290, 322)}}],
-    }
+    data = results(0.998, True, 21, [
+        {"length": 128, "probed": False, "found": 290, "predicted_max_batch": 308,
+         "line_over_truth_at_fit_limit": 308 / 322, "trials": 0,
+         "repeats": {"answer": {"batch": 290, "processes": 5, "under_budget": 5, "peaks": []},
+                     "truth": {"batch": 333, "processes": 5, "under_budget": 3, "peaks": []}},
+         "truth": {"budget": truth(290, 333), "fit_limit": truth(290, 322)}},
+    ])
     report = seq_len_bench.markdown(data)
     assert ("| 128 | no | 0 | 290 | 308 (0.957) | 0.901 (truth 322) | 0.871 (truth 333) | 5 of 5 at 290; 3 of 5 at 333 |"
             in report), report

@@ -366,15 +366,15 @@ def test_a_probe_records_the_malloc_arena_limit_it_ran_under_and_reuses_only_und
     as_is = ProbeRequest().search_settings()
     assert as_is["malloc_arena_max"] is None
     reason = problem(search=one_arena)
-    assert reason == ("it was probed with 1 (MALLOC_ARENA_MAX=1) as the malloc arena limit, "
-                      "this probe runs with glibc's default (MALLOC_ARENA_MAX unset)")
+    assert reason == ("it was probed with the malloc arena limit 1 (MALLOC_ARENA_MAX=1), "
+                      "this probe asks for glibc's default (MALLOC_ARENA_MAX unset)")
     assert problem(search=one_arena, malloc_arena_max=1) is None
 
 
 def test_a_profile_from_before_the_arena_limit_was_recorded_counts_as_unset():
     older = {key: value for key, value in SEARCH.items() if key != "malloc_arena_max"}
     assert problem(search=older, malloc_arena_max=None) is None
-    assert "as the malloc arena limit" in problem(search=older, malloc_arena_max=1)
+    assert "probe asks for 1 (MALLOC_ARENA_MAX=1)" in problem(search=older, malloc_arena_max=1)
 
 
 def test_the_profile_summary_says_which_malloc_arena_limit_its_ceilings_hold_for():

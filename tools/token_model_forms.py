@@ -5,7 +5,8 @@ Reads a results file of `tools/bench/seq_len_bench.py` that kept its trial readi
 readings from the fit, the ceiling it predicts at each length under the probe's fitting limit, and
 how far it sits above the fresh processes' peaks (`fresh_checks`) at the lengths never probed.
 The probe's own form, peak = fixed + a x B x L + b x B x L^2, is fitted by
-`edgebatch.probing.token_fit.fit_token_model`; the others by plain least squares.
+`edgebatch.probing.token_fit.fit_token_model`; the others by plain least squares, over the same
+points (`token_fit.low_level_points`: each pair at its lowest reading, less the high draws).
 
     python tools/token_model_forms.py tools/bench/results/seq_lens_trial_readings_b8a3557.json
 
@@ -20,7 +21,7 @@ import math
 
 import numpy as np
 
-from edgebatch.probing.token_fit import fit_token_model
+from edgebatch.probing.token_fit import fit_token_model, low_level_points
 
 MIB = 2**20
 # name -> the terms besides the intercept, each a function of (batch, length).
@@ -55,17 +56,14 @@ def main() -> None:
     data = json.loads(open(args.results).read())
     if "trial_readings" not in data:
         raise SystemExit(f"{args.results} has no trial_readings: rerun tools/bench/seq_len_bench.py (b8a3557 or later)")
-    lowest: dict[tuple[int, int], float] = {}
-    for r in data["trial_readings"]:  # each (batch, length) at its lowest reading, as the probe's fit takes it
-        key = (r["batch"], r["length"])
-        lowest[key] = min(r["peak_bytes"], lowest.get(key, math.inf))
-    rows = [(b, n, p) for (b, n), p in sorted(lowest.items())]
+    # The points the probe's fit takes: each pair at its lowest reading, less the high draws.
+    rows = low_level_points((r["batch"], r["length"], r["peak_bytes"]) for r in data["trial_readings"])
     lengths = sorted(set(data["probe_lens"]) | set(data["predict_lens"]))
     unprobed = set(data["predict_lens"]) - set(data["probe_lens"])
     fresh = [c for c in data["fresh_checks"] if c["ran"] and c["length"] in unprobed]
     truth = {row["length"]: row["truth"]["fit_limit"]["ceiling"] for row in data["rows"] if row["truth"]}
     print(f"{len(rows)} (batch, length) points from {len(data['trial_readings'])} readings at "
-          f"{sorted({n for _, n, _ in rows})} tokens; truth under the fitting limit {truth}")
+          f"{sorted({int(n) for _, n, _ in rows})} tokens; truth under the fitting limit {truth}")
     probe_form = fit_token_model(rows)
     report("probe's form, fixed + a BL + b BL^2", probe_form.predict_bytes, rows, lengths, data["fit_limit_bytes"],
            fresh)

@@ -254,7 +254,12 @@ def effective_budget_bytes(outcomes: Sequence[Outcome], budget_bytes: float) -> 
     is the spread there is. Even a spread within the noise lowers it: mobilenet_v2 read 30 at
     1,519.3, 1,520.7 and 1,521.2 MiB against a 1,520.6 MiB limit, and the answer must fit at all three.
     """
-    return int(budget_bytes / (1 + peak_spread_fraction(outcomes)))
+    return lowered_by_spread(budget_bytes, peak_spread_fraction(outcomes))
+
+
+def lowered_by_spread(budget_bytes: float, spread_fraction: float) -> int:
+    """budget / (1 + spread): the budget a reading must fit so that its highest repeat fits the real one."""
+    return int(budget_bytes / (1 + spread_fraction))
 
 
 def with_effective_budget(config: SearchConfig, outcomes: Sequence[Outcome]) -> SearchConfig:

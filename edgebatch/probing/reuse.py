@@ -39,10 +39,12 @@ ANSWER_SETTINGS = {
     "inter_op_threads": "--inter-op-threads",
     "answer_readings": "--answer-readings",
     # glibc's malloc arena limit in the probe's environment (edgebatch/malloc_arenas.py).
-    "malloc_arena_max": "MALLOC_ARENA_MAX",
+    "malloc_arena_max": "the malloc arena limit",
 }
 # What a setting was when a profile does not record it: written before the setting existed (the
 # answer was read once before repeats were made).
+# How a setting's value reads in the one-line reason, where str() does not say it.
+VALUE_TEXT = {"malloc_arena_max": malloc_arenas.describe}
 UNRECORDED_SETTINGS = {"inter_op_threads": UNRECORDED_INTER_OP_THREADS, "answer_readings": 1, "malloc_arena_max": None}
 
 
@@ -62,10 +64,8 @@ def reuse_problem(
         cached = cached_search.get(name, UNRECORDED_SETTINGS.get(name))
         requested = requested_search.get(name)
         if cached != requested:
-            if name == "malloc_arena_max":
-                return (f"it was probed with {malloc_arenas.describe(cached)} as the malloc arena limit, "
-                        f"this probe runs with {malloc_arenas.describe(requested)}")
-            return f"it was probed with {option} {cached}, this probe asks for {requested}"
+            words = VALUE_TEXT.get(name, str)
+            return f"it was probed with {option} {words(cached)}, this probe asks for {words(requested)}"
     if abs(cached_headroom - requested_headroom) > 1e-9:
         return f"it was probed with --headroom {cached_headroom}, this probe asks for {requested_headroom}"
     if abs(cached_budget_bytes - requested_budget_bytes) > BUDGET_TOLERANCE_FRACTION * requested_budget_bytes:

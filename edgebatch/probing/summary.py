@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 
 from edgebatch.probing import memory_fit
-from edgebatch.probing.outcomes import Edge, Outcome, counted_failures, edge_of, peak_spread_fraction
+from edgebatch.probing.outcomes import Edge, Outcome, counted_failures, edge_of, lowered_by_spread, peak_spread_fraction
 from edgebatch.profiles.model import MemoryModel, Trial
 
 # Throughput within 5% of the best counts as the plateau (the issue's definition of the knee).
@@ -47,9 +47,9 @@ def spread_fraction_of(trials: Sequence[Trial]) -> float:
 
 def judged_budget_bytes(trials: Sequence[Trial], budget_bytes: float) -> int:
     """The budget the search judged readings by: lowered by the spread of repeated fresh readings of
-    one batch (outcomes.effective_budget_bytes: budget / (1 + spread)), as the search lowered it.
+    one batch (outcomes.lowered_by_spread, as effective_budget_bytes lowers it in the search).
     Over a probe per length's trials, the widest spread of any length (spread_fraction_of)."""
-    return int(budget_bytes / (1 + spread_fraction_of(trials)))
+    return lowered_by_spread(budget_bytes, spread_fraction_of(trials))
 
 
 def edge_of_trials(trials: Sequence[Trial], budget_bytes: float) -> Edge:

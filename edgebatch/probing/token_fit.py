@@ -38,7 +38,7 @@ TokenReading = tuple[int, int, float]
 
 __all__ = [
     "LADDER_START_LENGTH", "LengthCeiling", "TokenMemoryModel", "TokenReading", "ceiling_at_length",
-    "default_lengths", "fit_token_model", "parse_seq_lens", "probe_order", "profile_ceiling_at_length", "trusted",
+    "default_lengths", "fit_token_model", "low_level_points", "parse_seq_lens", "probe_order", "profile_ceiling_at_length", "trusted",
 ]
 
 
@@ -113,18 +113,25 @@ def fit_token_model(readings: Iterable[TokenReading]) -> TokenMemoryModel | None
     make it slightly negative), the best fit without that term is taken. None with readings at fewer
     than two lengths or fewer than three points: the terms cannot be told apart.
     """
+    return _fit_rows(low_level_points(readings))
+
+
+def low_level_points(readings: Iterable[TokenReading]) -> list[tuple[float, float, float]]:
+    """The (batch, length, peak) points fit_token_model fits: each pair at its lowest reading, less
+    the high draws (more than HIGH_DRAW_FRACTION above the fit of those, when they are at most
+    MAX_HIGH_DRAW_SHARE of them). tools/token_model_forms.py fits its other forms to the same points."""
     lowest: dict[tuple[int, int], float] = {}
     for b, length, peak in readings:
         key = (int(b), int(length))
         lowest[key] = min(float(peak), lowest.get(key, math.inf))
     rows = [(float(b), float(length), peak) for (b, length), peak in sorted(lowest.items())]
-    model = _fit_rows(rows)
-    if model is None:
-        return None
-    low = [row for row in rows if row[2] <= model.predict_bytes(row[0], row[1]) * (1 + HIGH_DRAW_FRACTION)]
-    if len(low) == len(rows) or len(rows) - len(low) > MAX_HIGH_DRAW_SHARE * len(rows):
-        return model
-    return _fit_rows(low) or model
+    first = _fit_rows(rows)
+    if first is None:
+        return rows
+    low = [row for row in rows if row[2] <= first.predict_bytes(row[0], row[1]) * (1 + HIGH_DRAW_FRACTION)]
+    if len(rows) - len(low) > MAX_HIGH_DRAW_SHARE * len(rows) or _fit_rows(low) is None:
+        return rows
+    return low
 
 
 def _fit_rows(rows: list[tuple[float, float, float]]) -> TokenMemoryModel | None:
