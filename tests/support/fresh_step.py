@@ -6,7 +6,7 @@ training does (see the optimizer below). Prints one JSON line:
 {"batch", "ok", "peak_bytes" (VmHWM), "error"}.
 
 usage: python fresh_step.py MODEL_SPEC BATCH STEPS [ADDRESS_SPACE_HEADROOM_BYTES] [--seq-len=TOKENS]
-                            [--precision=POLICY] [--optimize=qat|prune] [--inter-op-threads=N]
+                            [--precision=POLICY] [--optimize=qat|prune] [--inter-op-threads=N] [--report-growth]
 
 A model with integer inputs (token ids into an Embedding) trains on random real tokens (ids from 1;
 0 is padding) fed as integers, fixed-length (text_cnn) or not.
@@ -21,6 +21,9 @@ it with TFMOT (zoo.optimize_model), trained with tf_keras's Adam and loss. For p
 PruneLowMagnitude wrapper's pruning_step is set from -1 to 0 before the first step, as
 UpdatePruningStep.on_train_begin does (TFMOT 0.8's wrapper adds 1 in each training call and
 asserts the step is >= 1); no callback runs after that.
+--report-growth: also print how far the address space (VmPeak) and the resident size (VmHWM) grew
+from the process's size after tracing, where an address-space cap is set ("address_space_growth_bytes",
+"resident_growth_bytes"; device_profiles/README.md, "An out-of-memory band").
 --inter-op-threads: TensorFlow's inter-op threads (tf.config.threading), set before anything runs; the
 truth for a probe must run what the probe's workers ran (`edgebatch probe` uses 1 by default). Left out,
 TensorFlow keeps its own pool, whose peaks climb over many steps (device_profiles/README.md, "Bumps").
@@ -55,8 +58,9 @@ def main():
     precision = _option("--precision", "float32")
     optimize = _option("--optimize", "none")
     inter_op_threads = _option("--inter-op-threads", None)
-    args = [arg for arg in sys.argv
-            if not arg.startswith(("--seq-len=", "--precision=", "--optimize=", "--inter-op-threads="))]
+    report_growth = "--report-growth" in sys.argv
+    args = [arg for arg in sys.argv if arg != "--report-growth"
+            and not arg.startswith(("--seq-len=", "--precision=", "--optimize=", "--inter-op-threads="))]
     spec, batch, steps = args[1], int(args[2]), int(args[3])
     headroom = int(args[4]) if len(args) > 4 else None
     import keras
@@ -114,8 +118,9 @@ def main():
 
     first = tf.ones((1, *data_shape), x_dtype) if integer_input else tf.zeros((1, *data_shape), x_dtype)
     train(first, tf.zeros((1,), tf.int32)).numpy()  # trace, as real training would
+    size_after_trace, resident_after_trace = status_bytes("VmSize"), status_bytes("VmRSS")
     if headroom is not None:
-        resource.setrlimit(resource.RLIMIT_AS, (status_bytes("VmSize") + headroom, resource.RLIM_INFINITY))
+        resource.setrlimit(resource.RLIMIT_AS, (size_after_trace + headroom, resource.RLIM_INFINITY))
     try:
         if integer_input:
             x = tf.random.uniform((batch, *data_shape), 1, vocabulary, x_dtype)
@@ -127,7 +132,11 @@ def main():
     except tf.errors.ResourceExhaustedError as error:
         print(json.dumps({"batch": batch, "ok": False, "peak_bytes": None, "error": str(error)[:200]}))
         return
-    print(json.dumps({"batch": batch, "ok": True, "peak_bytes": status_bytes("VmHWM"), "error": None}))
+    reply = {"batch": batch, "ok": True, "peak_bytes": status_bytes("VmHWM"), "error": None}
+    if report_growth:
+        reply["address_space_growth_bytes"] = status_bytes("VmPeak") - size_after_trace
+        reply["resident_growth_bytes"] = status_bytes("VmHWM") - resident_after_trace
+    print(json.dumps(reply))
 
 
 if __name__ == "__main__":
