@@ -40,6 +40,16 @@ def test_a_slightly_negative_quadratic_term_is_fitted_without_it():
     assert model.per_token_squared_bytes == 0.0 and model.per_token_bytes > 0
 
 
+def test_forms_whose_columns_are_not_independent_are_skipped():
+    # Every reading has 512 tokens in its batch: the B x L column is the intercept's, so only the
+    # quadratic-only form can be solved, and it is exact here.
+    readings = exact(90 * MIB, 0.0, 300.0, [(8, 64), (4, 128), (2, 256)])
+    model = token_fit.fit_token_model(readings)
+    assert model.per_token_bytes == 0.0
+    assert model.per_token_squared_bytes == pytest.approx(300.0, rel=1e-9)
+    assert model.fixed_bytes == pytest.approx(90 * MIB, rel=1e-9)
+
+
 def test_each_batch_and_length_is_fitted_at_its_lowest_reading():
     # Processes read one batch at two levels (high draws of 5-7% at 512 tokens): the line is the low one.
     points = [(8, 64), (300, 64), (900, 64), (8, 512), (16, 512), (24, 512), (27, 512), (90, 256)]

@@ -231,28 +231,19 @@ def _residual(fixed: float, a: float, b: float, rows) -> float:
 
 
 def _least_squares(columns: list[list[float]], targets: list[float]) -> list[float] | None:
-    """Solve the normal equations by Gaussian elimination with partial pivoting; None when singular.
+    """numpy's least-squares solution over `columns`; None when they are not independent.
 
-    Columns are scaled to unit size first (B x L^2 runs to 10^7 where the intercept column is 1).
+    Columns are scaled to unit size first (B x L^2 runs to 10^7 where the intercept column is 1), so
+    the rank numpy reports compares like with like. numpy is imported here: edgebatch's import stays
+    light.
     """
-    scales = [max(abs(v) for v in column) or 1.0 for column in columns]
-    scaled = [[v / s for v in column] for column, s in zip(columns, scales)]
-    n = len(scaled)
-    matrix = [[sum(x * y for x, y in zip(scaled[i], scaled[j])) for j in range(n)] for i in range(n)]
-    vector = [sum(x * t for x, t in zip(scaled[i], targets)) for i in range(n)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(matrix[r][col]))
-        if abs(matrix[pivot][col]) < 1e-12 * max(1.0, max(abs(v) for row in matrix for v in row)):
-            return None
-        matrix[col], matrix[pivot] = matrix[pivot], matrix[col]
-        vector[col], vector[pivot] = vector[pivot], vector[col]
-        for row in range(col + 1, n):
-            factor = matrix[row][col] / matrix[col][col]
-            for k in range(col, n):
-                matrix[row][k] -= factor * matrix[col][k]
-            vector[row] -= factor * vector[col]
-    solution = [0.0] * n
-    for row in reversed(range(n)):
-        solution[row] = (vector[row] - sum(matrix[row][k] * solution[k] for k in range(row + 1, n))) / matrix[row][row]
-    return [value / s for value, s in zip(solution, scales)]
+    import numpy as np
+
+    matrix = np.asarray(columns, dtype=np.float64).T
+    scales = np.abs(matrix).max(axis=0)
+    scales[scales == 0] = 1.0
+    solution, _, rank, _ = np.linalg.lstsq(matrix / scales, np.asarray(targets, dtype=np.float64), rcond=None)
+    if rank < matrix.shape[1]:
+        return None
+    return [float(value) for value in solution / scales]
 
