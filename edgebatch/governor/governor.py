@@ -10,6 +10,7 @@ import dataclasses
 import numbers
 from typing import Any
 
+from edgebatch import malloc_arenas
 from edgebatch.governor.policy import (
     Decision,
     GovernorConfig,
@@ -144,11 +145,13 @@ class Governor:
         count its gradient accumulators (one copy of the trainable weights) and `extra_bytes` for
         anything else (the read-ahead buffer). Start micro-batch = min(effective_batch, ceiling).
         `config_overrides` are GovernorConfig fields and win over what the profile says.
-        Warns (edgebatch.threads) when TensorFlow here runs another inter-op setting than the
-        profile was measured with: its peaks then differ from the profile's.
+        Warns when TensorFlow here runs another inter-op setting (edgebatch.threads), or this
+        process another malloc arena limit (edgebatch.malloc_arenas), than the profile was measured
+        with: its peaks then differ from the profile's.
         """
         ceiling = profile.max_batch if use_max_batch else profile.safe_batch
         warn_on_mismatch(profile)
+        malloc_arenas.warn_on_mismatch(profile)
         if ceiling is None:
             which = "max_batch" if use_max_batch else "safe_batch"
             raise GovernorConfigError(f"profile has no {which} to use as the ceiling, got {ceiling!r}")

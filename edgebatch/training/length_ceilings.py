@@ -66,7 +66,13 @@ class LengthCeilings:
     @classmethod
     def from_profile(cls, profile: Any, *, use_max_batch: bool = False) -> LengthCeilings:
         """From a probe per length's profile (`DeviceProfile.per_length`): each length's safe_batch,
-        or its max_batch with `use_max_batch` (as Governor.from_profile chooses its ceiling)."""
+        or its max_batch with `use_max_batch` (as Governor.from_profile chooses its ceiling). Warns,
+        as Governor.from_profile does, when this process runs another inter-op or malloc arena
+        setting than the profile was measured with."""
+        from edgebatch import malloc_arenas, threads
+
+        threads.warn_on_mismatch(profile)
+        malloc_arenas.warn_on_mismatch(profile)
         per_length = getattr(profile, "per_length", None)
         if not per_length:
             raise UsageError(
