@@ -3,7 +3,7 @@
 On some hosts one batch peaks at two levels between new processes, by how glibc splits memory
 between its malloc arenas: transformer_tiny at 307 x 128 tokens (Intel Xeon) read 1,495 MiB in
 six processes of eight and 1,550 MiB in two as it is, and 1,481 MiB in all eight with
-`MALLOC_ARENA_MAX=1`; small_cnn on an AMD EPYC host likewise (device_profiles/README.md,
+`MALLOC_ARENA_MAX=1` (five of six in a later round: one arena steadies most processes, not all); small_cnn on an AMD EPYC host likewise (device_profiles/README.md,
 "Probing per sequence length" and "Bumps"). The probe's workers inherit the environment, so
 `MALLOC_ARENA_MAX=1 edgebatch probe ...` measures one-arena processes. The profile records the
 setting (`search.malloc_arena_max`; None: glibc's own default), a cached profile is reused only
