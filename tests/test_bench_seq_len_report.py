@@ -95,3 +95,28 @@ def test_the_low_level_fit_trusts_the_kept_runs_whose_two_valued_peaks_left_them
     model = token_fit.fit_token_model(readings)
     assert token_fit.trusted(model) and model.r2 >= 0.995, model
     assert model.points == pairs - high_draws and model.lengths == (64, 256, 512)
+
+
+def test_the_two_truths_of_a_length_share_their_processes_and_each_reads_a_fit_three_times(monkeypatch):
+    import probe_truth
+
+    started = []
+
+    def fake_process(model_spec, batch, budget_bytes, headroom_bytes, seq_len=None):
+        # Peaks alternate between two levels by process, as transformer_tiny's do at some lengths.
+        started.append(batch)
+        peak = batch * MIB + (40 * MIB if len(started) % 3 == 0 else 0)
+        return {"batch": batch, "fits": True, "ran": True, "peak_bytes": peak, "error": None, "seconds": 1.0}
+
+    checks = seq_len_bench.SharedChecks(fake_process)
+    monkeypatch.setattr(probe_truth, "fresh_check", checks)
+    checks.new_truth()
+    at_budget = probe_truth.repeated_check("m", 100, 150 * MIB, None, seq_len=64)
+    assert at_budget["fits"] and len(at_budget["peaks"]) == 3 and started == [100] * 3
+    checks.new_truth()  # the truth at the fitting limit: the same three processes, judged again
+    at_limit = probe_truth.repeated_check("m", 100, 120 * MIB, None, seq_len=64)
+    assert not at_limit["fits"] and at_limit["peak_bytes"] == 140 * MIB and started == [100] * 3
+    assert len(at_limit["peaks"]) == 3  # the third process is the one over 120 MiB
+    probe_truth.repeated_check("m", 101, 130 * MIB, None, seq_len=64)
+    assert started == [100] * 3 + [101] * 3
+    assert [r["peak_bytes"] for r in checks.readings[("m", 100, 64)]] == [100 * MIB, 100 * MIB, 140 * MIB]

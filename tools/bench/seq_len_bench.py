@@ -4,8 +4,9 @@ Issue 14, item 2 asks: for the Transformer, the ceiling at 64 tokens above the o
 within [0.97, 1.0] of the fresh-process truth at a CPU budget, and the fitted token memory model
 predicting an unprobed length within 5%. This runs `edgebatch.probe(model, seq_lens=...)` once,
 then for every probed length and every `--predict-lens` length searches the truth with
-tools/bench/probe_truth.py (tests/support/fresh_step.py with --seq-len: its own step, 10 steps, a
-new process per batch).
+tools/bench/probe_truth.py (tests/support/fresh_step.py with --seq-len: its own step, 10 steps; a
+batch fits when it stays under the limit in each of probe_truth.TRUTH_READINGS (3) new processes,
+as section 1's truth does, and fails at the first process over it).
 
 Two truths per length, from the same fresh checks (each check's peak is compared with both):
 - at the budget itself: the largest batch whose fresh peak fits the budget;
@@ -15,9 +16,10 @@ Two truths per length, from the same fresh checks (each check's peak is compared
 Against the first, the margin alone costs 0.01 x budget / (budget - fixed) of the batch (about 2%
 at 1.5 GiB, where the process holds ~800 MiB before any batch), so both are reported.
 Then REPEAT_PROCESSES (4) more new processes at each length's answer and at its truth's ceiling at
-the budget, with the truth's own one: where processes read one batch at two levels a single
-process per batch may draw the low one, and the count says how often each batch stays under the
-budget.
+the budget, with the truth's own ones: where processes read one batch at two levels a few
+processes per batch may all draw the low one, and the count says how often each batch stays under
+the budget. (Until 2026-12-05 the truth read each batch in one process only: seq_lens.json files
+before then hold one reading per batch in `fresh_checks`.)
 
 Writes tools/bench/results/seq_lens.json and, with --benchmarks-md, its own section of
 BENCHMARKS.md between the markers below (run.py keeps it).
@@ -53,21 +55,20 @@ from edgebatch.units import parse_size_bytes
 SECTION_START = "<!-- seq_len_bench:start -->"
 SECTION_END = "<!-- seq_len_bench:end -->"
 RESULTS_FILE = RESULTS_DIR / "seq_lens.json"
-TRUTH_SECONDS_PER_LENGTH = 300.0
+TRUTH_SECONDS_PER_LENGTH = 600.0  # a fit is read in up to 3 processes
 
 
 # More new processes at the answer and at the truth's ceiling (at the budget), after the truth's
-# one process per batch: where processes read one batch at two levels (device_profiles/README.md,
-# "Probing per sequence length") one process a batch says nothing about the others.
+# own ones: where processes read one batch at two levels (device_profiles/README.md, "Probing per
+# sequence length") a few processes a batch say little about the others.
 REPEAT_PROCESSES = 4
 UNCACHED_CHECK = probe_truth.fresh_check
 
 
-def repeated_reading(model: str, length: int, batch: int, budget_bytes: int, first: dict | None, extra: int) -> dict:
+def repeated_reading(model: str, length: int, batch: int, budget_bytes: int, earlier: list[dict], extra: int) -> dict:
     """`extra` more new processes at `batch` (fresh_step.py, as the truth runs it), with the truth's
-    own check of it (`first`) when it made one: how many ran under the budget, and their peaks."""
-    checks = ([first] if first else []) + [UNCACHED_CHECK(model, batch, None, None, seq_len=length)
-                                           for _ in range(extra)]
+    own processes at it (`earlier`): how many ran under the budget, and their peaks."""
+    checks = list(earlier) + [UNCACHED_CHECK(model, batch, None, None, seq_len=length) for _ in range(extra)]
     peaks = [c["peak_bytes"] for c in checks]
     fits = sum(1 for c in checks if c["ran"] and c["peak_bytes"] is not None and c["peak_bytes"] <= budget_bytes)
     log(f"{length} tokens, batch {batch}: {fits} of {len(checks)} new processes under the budget "
@@ -75,25 +76,46 @@ def repeated_reading(model: str, length: int, batch: int, budget_bytes: int, fir
     return {"batch": batch, "processes": len(checks), "under_budget": fits, "peaks": peaks}
 
 
-def cached_checks():
-    """probe_truth.fresh_check with a memory: the two truths of one length share their processes."""
-    original = UNCACHED_CHECK
-    seen: dict[tuple, dict] = {}
+class SharedChecks:
+    """probe_truth.fresh_check with a memory: the two truths of one length share their processes.
 
-    def check(model_spec, batch, budget_bytes, headroom_bytes, seq_len=None):
+    A truth reads a batch in up to TRUTH_READINGS processes, one after another
+    (probe_truth.repeated_check). Within one truth (`new_truth` starts one) the n-th reading of a
+    batch is the n-th process any truth ran at it, started only when no earlier truth got that far;
+    each is judged against the asking truth's budget. `readings[(model, batch, seq_len)]` keeps every
+    process's result, unjudged.
+    """
+
+    def __init__(self, check=None) -> None:
+        self.check = check or UNCACHED_CHECK
+        self.readings: dict[tuple, list[dict]] = {}
+        self.asked: dict[tuple, int] = {}
+
+    def new_truth(self) -> None:
+        self.asked = {}
+
+    def __call__(self, model_spec, batch, budget_bytes, headroom_bytes, seq_len=None) -> dict:
         key = (model_spec, batch, seq_len)
-        if key not in seen:
-            seen[key] = original(model_spec, batch, None, headroom_bytes, seq_len=seq_len)
-        result = dict(seen[key])
+        index = self.asked.get(key, 0)
+        self.asked[key] = index + 1
+        readings = self.readings.setdefault(key, [])
+        if index >= len(readings):
+            readings.append(self.check(model_spec, batch, None, headroom_bytes, seq_len=seq_len))
+        result = dict(readings[index])
         peak = result["peak_bytes"]
         result["fits"] = result["ran"] and (budget_bytes is None or (peak is not None and peak <= budget_bytes))
         return result
 
-    probe_truth.fresh_check = check
-    return seen
+
+def cached_checks() -> SharedChecks:
+    """A SharedChecks put in place of probe_truth.fresh_check for this run."""
+    checks = SharedChecks()
+    probe_truth.fresh_check = checks
+    return checks
 
 
 def truth_at(model, length, found, hints, budget_bytes) -> dict:
+    probe_truth.fresh_check.new_truth()
     deadline = time.monotonic() + TRUTH_SECONDS_PER_LENGTH
     return probe_truth.measure_truth(
         model, [found], hints, budget_bytes=budget_bytes, headroom_bytes=None,
@@ -144,7 +166,7 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
         if repeat_processes:
             ceiling = truths["budget"]["ceiling"]
             repeats = {
-                name: repeated_reading(model, length, batch, budget_bytes, checks.get((model, batch, length)),
+                name: repeated_reading(model, length, batch, budget_bytes, checks.readings.get((model, batch, length), []),
                                        repeat_processes)
                 for name, batch in (("answer", found), ("truth", ceiling)) if batch
             }
@@ -164,6 +186,7 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
         "budget_bytes": budget_bytes,
         "fit_limit_bytes": limit,
         "trial_seconds": trial_seconds,
+        "truth_readings": probe_truth.TRUTH_READINGS,
         # The probe's workers and the truth's fresh processes (probe_truth.fresh_check) alike.
         "inter_op_threads": profile.search.get("inter_op_threads"),
         "probe_lens": list(probe_lens),
@@ -177,8 +200,10 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
                             "fresh": t.fresh, "forked": t.forked}
                            for t in profile.trials if t.measured and t.peak_bytes is not None],
         "rows": rows,
-        "fresh_checks": [{"length": key[2], "batch": key[1], "ran": value["ran"], "peak_bytes": value["peak_bytes"],
-                          "seconds": value["seconds"]} for key, value in sorted(checks.items(), key=lambda kv: kv[0][1:])],
+        "fresh_checks": [{"length": key[2], "batch": key[1], "reading": index, "ran": value["ran"],
+                          "peak_bytes": value["peak_bytes"], "seconds": value["seconds"]}
+                         for key, values in sorted(checks.readings.items(), key=lambda kv: kv[0][1:])
+                         for index, value in enumerate(values)],
         "seconds": round(time.monotonic() - started, 1),
         "environment": environment(),
         "load_average": load_average(),
@@ -244,8 +269,10 @@ def markdown(data: dict) -> str:
         f"{data['probe_seconds']:.0f} s; lengths {', '.join(map(str, data['predict_lens']))} were not probed and are "
         "the token model's predictions where it is trusted: its line under the fitting limit, and as the answer "
         "what the profile gives (token_fit.profile_ceiling_at_length: the same under the limit lowered by the "
-        "widest spread between processes any probed length showed). Truth: fresh processes (tests/support/fresh_step.py --seq-len, 10 steps), "
-        f"at the budget and at the probe's fitting limit ({data['fit_limit_bytes'] / mib:.0f} MiB, {data['fit_limit_bytes'] / data['budget_bytes']:.3f} x budget, "
+        "widest spread between processes any probed length showed). Truth: fresh processes (tests/support/fresh_step.py --seq-len, 10 steps; "
+        + (f"a batch fits when it stays under the limit in each of {data['truth_readings']} new processes, one after another), "
+           if data.get("truth_readings", 1) > 1 else "one new process per batch), ")
+        + f"at the budget and at the probe's fitting limit ({data['fit_limit_bytes'] / mib:.0f} MiB, {data['fit_limit_bytes'] / data['budget_bytes']:.3f} x budget, "
         "the limit max_batch is defined by). "
         + (f"Workers and truth ran {data['inter_op_threads']} TensorFlow inter-op thread(s) (`--inter-op-threads`). "
            if data.get("inter_op_threads") else "Workers and truth ran TensorFlow's own inter-op pool. ")
