@@ -148,6 +148,8 @@ def test_split_micro_batch_takes_the_governors_size_and_at_least_the_pieces_aske
         effective, memory_micro, min_pieces, split):
     controller = AdaptController(quiet_config(min_pieces_per_update=min_pieces), effective)
     assert controller.split_micro_batch(memory_micro) == split
+    # The bound alone (what pieces cut by length are capped with): the split when memory allows more.
+    assert controller.pieces_bound_samples() == (split if memory_micro >= effective else -(-effective // min_pieces))
 
 
 def test_the_decision_never_takes_a_micro_batch_above_memorys():

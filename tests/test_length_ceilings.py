@@ -62,6 +62,14 @@ def test_split_takes_the_longest_example_of_a_piece_even_out_of_order():
     assert CEILINGS.split([], 120, 120) == []
 
 
+def test_a_cap_in_examples_bounds_every_piece_besides_the_length_limit():
+    table = LengthCeilings.from_mapping({10: 4, 20: 2})
+    assert table.split([1] * 8, 4, 4) == [4, 4]
+    assert table.split([1] * 8, 4, 4, max_examples=3) == [3, 3, 2]
+    assert table.split([20] * 4, 4, 4, max_examples=3) == [2, 2]  # the length's limit is the smaller
+    assert table.split([1, 1], 4, 4, max_examples=0) == [1, 1]  # at least one example a piece
+
+
 def test_an_oom_counts_in_the_governors_units_at_most_the_running_micro_batch():
     assert CEILINGS.governor_size(120, 64, 120, 120) == 120
     assert CEILINGS.governor_size(30, 256, 120, 120) == 90  # 30 at 256 tokens: as much as 90 at 64

@@ -129,13 +129,49 @@ def test_pieces_cut_by_length_ceilings_equal_the_plain_padded_loop(failures):
     assert diff < 1e-5
 
 
+def test_an_adaptive_batch_with_length_ceilings_equals_the_plain_loop_fed_its_update_sizes():
+    """adapt moves the effective batch; pieces are still cut by length, each also capped so that an
+    update runs in at least min_pieces_per_update pieces (these ceilings alone would run a whole
+    update of 8 in one piece); OOMs injected; the weights equal the plain loop's over the same
+    consecutive updates (lr_rule 'none': the rate stays put)."""
+    from edgebatch.adapt import AdaptConfig
+    from edgebatch.training import LengthCeilings
+
+    tokens, labels = sequences(count=80)
+    table = {16: 10, 32: 8}  # every example (1-29 tokens) fits 8 to a piece, the short ones 10
+    ceilings = LengthCeilings.from_mapping(table)
+    config = AdaptConfig(check_every_updates=2, cooldown_updates=1, grow_above_cosine=-0.5, shrink_below_cosine=-0.9,
+                         noise_cap_factor=None, grow_below_noise_fraction=None, cosine_window_updates=1,
+                         max_effective_batch_samples=24, lr_rule="none", drift_rise=0.89)
+    model = masked_model()
+    with inject_oom([2, 6]):
+        report = fit(model, dataset(tokens, labels), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                     optimizer=keras.optimizers.Adam(0.01), effective_batch=EFFECTIVE, length_ceilings=table,
+                     adapt=config)
+    effective = [record.effective_batch for record in report.updates]
+    assert effective[0] == EFFECTIVE and max(effective) > EFFECTIVE and report.adapt_changes
+    assert report.examples_seen == 80 and len(report.oom_events) == 2
+    upper = EFFECTIVE  # the default governor: ceiling 10 (the shortest length's), effective batch 8
+    governor_micro_batch = upper
+    for record in report.updates:
+        bound = max(1, min(record.effective_batch, -(-record.effective_batch // config.min_pieces_per_update)))
+        assert sum(record.micro_batches) == record.examples
+        if record.examples >= config.min_pieces_per_update:
+            assert len(record.micro_batches) >= config.min_pieces_per_update
+        for size, length in zip(record.micro_batches, record.piece_lengths):
+            assert size <= min(bound, ceilings.piece_limit(governor_micro_batch, length, upper))
+        governor_micro_batch = record.next_micro_batch
+    expected = plain_loop(tokens, labels, [record.examples for record in report.updates])
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), expected))
+    assert diff < 1e-5
+
+
 def test_length_ceilings_usage_errors_are_one_line():
     tokens, labels = sequences(count=8)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     fixed = tf.data.Dataset.from_tensor_slices((np.ones((8, 5), "int32"), labels))
     cases = [
         (fixed, LENGTH_CEILINGS, {}, "fixed shapes"),
-        (dataset(tokens, labels), LENGTH_CEILINGS, {"adapt": object()}, "adapt"),
         (dataset(tokens, labels), [64, 10], {}, "must be a LengthCeilings"),
         (dataset(tokens, labels), {64: 0}, {}, "integer >= 1"),
     ]

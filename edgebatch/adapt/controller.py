@@ -116,9 +116,13 @@ class AdaptController:
         """The micro-batch to split the next update with: the memory governor's, and small enough
         that the update runs in at least config.min_pieces_per_update pieces (when it has that many
         examples), so the noise scale gets its two batch sizes."""
+        return max(1, min(int(memory_micro_batch_samples), self.pieces_bound_samples()))
+
+    def pieces_bound_samples(self) -> int:
+        """The largest piece (examples) that still leaves config.min_pieces_per_update pieces in the
+        next update (the whole update when it is smaller)."""
         effective = self.state.effective_batch_samples
-        pieces_bound = max(1, math.ceil(effective / self.config.min_pieces_per_update))
-        return max(1, min(int(memory_micro_batch_samples), effective, pieces_bound))
+        return max(1, min(effective, math.ceil(effective / self.config.min_pieces_per_update)))
 
     def observe(self, measurement: UpdateMeasurement, memory_micro_batch_samples: int) -> tuple[AdaptDecision, AdaptReading]:
         """Fold one update in and decide the next effective batch."""

@@ -75,6 +75,9 @@ class AdaptiveBatch:
     def split_micro_batch(self, memory_micro_batch_samples: int) -> int:
         return self.controller.split_micro_batch(memory_micro_batch_samples)
 
+    def pieces_bound_samples(self) -> int:
+        return self.controller.pieces_bound_samples()
+
     def lr_scale(self) -> float:
         return self.controller.lr_scale()
 

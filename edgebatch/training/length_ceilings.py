@@ -27,6 +27,10 @@ The rules, all pure (no TensorFlow, no numpy):
   `reference_ceiling`, the ceiling at the shortest probed length (the largest).
 - A piece that runs out of memory is told to the governor in its units (`governor_size`): n
   examples at length L count as n / C(L) x upper, rounded up, at most the running micro-batch.
+- A cap in examples (`split`'s `max_examples`) bounds every piece besides: with an adaptive batch
+  that is the controller's bound that keeps at least two pieces per update (training/adaptive.py),
+  which the governor's share alone does not give where the short lengths' ceilings hold a whole
+  update.
 """
 
 from __future__ import annotations
@@ -114,17 +118,19 @@ class LengthCeilings:
         size = math.ceil(examples * upper / self.ceiling_at(length))
         return max(1, min(size, running_micro_batch))
 
-    def split(self, lengths: Sequence[int], governor_micro_batch: int, upper: int) -> list[int]:
+    def split(self, lengths: Sequence[int], governor_micro_batch: int, upper: int,
+              max_examples: int | None = None) -> list[int]:
         """Piece sizes for consecutive examples of these lengths: each piece as large as the limit at
-        its longest example allows (greedy; fit passes an update in order of length, where this
-        packs best). The sizes sum to len(lengths)."""
+        its longest example allows, and at most `max_examples` (greedy; fit passes an update in
+        order of length, where this packs best). The sizes sum to len(lengths)."""
+        cap = math.inf if max_examples is None else max(1, int(max_examples))
         sizes = []
         start = 0
         while start < len(lengths):
             size, longest = 1, lengths[start]
             while start + size < len(lengths):
                 longer = max(longest, lengths[start + size])
-                if size + 1 > self.piece_limit(governor_micro_batch, longer, upper):
+                if size + 1 > min(cap, self.piece_limit(governor_micro_batch, longer, upper)):
                     break
                 size, longest = size + 1, longer
             sizes.append(size)

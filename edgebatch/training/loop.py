@@ -72,7 +72,13 @@ an adaptive run equals a plain loop fed the same sequence of batch sizes and rat
 (tests/test_training_adapt.py). Costs: one more copy of the trainable variables (the previous
 update's gradient), a few reductions per piece and one small host read per update. A checkpoint
 holds the controller and that copy, so a resumed run decides as an uninterrupted one. Not under
-MirroredStrategy.
+MirroredStrategy. With variable-length examples every update is sorted by length before it is
+split (sequences.py), so its pieces are not independent draws: each piece's mean gradient is
+that of its own lengths, and the noise scale's small-batch norm counts the difference between
+lengths as noise too (not measured; the controller's other signals do not use the pieces). With
+`length_ceilings` the pieces are cut by length and capped by adapt's piece bound in examples, and
+the decision's micro-batch and accumulation in the logs are in the governor's units (examples at
+the shortest probed length), not the pieces' sizes, which UpdateRecord.micro_batches gives.
 
 TFMOT models (tf_keras): a pruned model (prune_low_magnitude) advances its pruning schedule once
 per optimizer update, as the plain loop with UpdatePruningStep does, whatever the split (pruning.py;
@@ -200,7 +206,9 @@ def fit(
     (each length's safe_batch), or {tokens: ceiling}. Pieces are then cut by length
     (length_ceilings.py): the probed lengths are the buckets, and each piece holds the governor's
     share (its micro-batch over the largest it may decide) of its bucket's ceiling: every length's
-    whole ceiling without pressure, less under it. Not with adapt, a strategy, or fixed-length data.
+    whole ceiling without pressure, less under it. With adapt, each piece also holds at most
+    adapt's bound (examples that leave config.min_pieces_per_update pieces in the update). Not with
+    a strategy or fixed-length data.
     `batch_unit`: "examples" (default) or "tokens": with "tokens" (variable-length data only) each
     update takes consecutive examples until their real tokens (unpadded lengths) reach
     `effective_batch`, so updates of short examples hold more of them; the governor must be in
@@ -226,7 +234,7 @@ def fit(
     if multi_worker and checkpoint_dir is not None:
         raise UsageError("checkpoint_dir is not supported under MultiWorkerMirroredStrategy yet: drop it")
     dataset, element_spec, unbatched = prepare_dataset(dataset, model)
-    length_ceilings = _check_length_ceilings(length_ceilings, element_spec, adapt, strategy)
+    length_ceilings = _check_length_ceilings(length_ceilings, element_spec, strategy)
     _check_batch_unit(batch_unit, element_spec, adapt, strategy)
     _check_length_window(length_window_examples, effective_batch, batch_unit, element_spec, adapt, strategy)
     if checkpoint_dir is not None:
@@ -317,8 +325,9 @@ def _refuse_unless_variable_length(option: str, element_spec: Any, adapt: Any, s
         raise UsageError(f"{option} cannot be combined with {which} yet: {instead}")
 
 
-def _check_length_ceilings(length_ceilings: Any, element_spec: Any, adapt: Any, strategy: Any) -> Any:
-    """fit's `length_ceilings` as a LengthCeilings (None stays None); UsageError where it cannot apply."""
+def _check_length_ceilings(length_ceilings: Any, element_spec: Any, strategy: Any) -> Any:
+    """fit's `length_ceilings` as a LengthCeilings (None stays None); UsageError where it cannot apply
+    (fixed-length examples, a strategy; adapt is fine)."""
     if length_ceilings is None:
         return None
     from edgebatch.training.length_ceilings import LengthCeilings
@@ -332,7 +341,7 @@ def _check_length_ceilings(length_ceilings: Any, element_spec: Any, adapt: Any, 
                 f"{{tokens: ceiling}}, got {type(length_ceilings).__name__}"
             )
         length_ceilings = LengthCeilings.from_profile(length_ceilings)
-    _refuse_unless_variable_length("length_ceilings", element_spec, adapt, strategy, "leave length_ceilings out")
+    _refuse_unless_variable_length("length_ceilings", element_spec, None, strategy, "leave length_ceilings out")
     return length_ceilings
 
 
@@ -728,7 +737,7 @@ class _GovernedLoop:
             pressure=observation.pressure, seconds=seconds,
             samples_per_second=examples / seconds if seconds > 0 else float("inf"),
             oom_events=len(ooms), changed=after.changed, reason=after.reason,
-            next_micro_batch=after.micro_batch if adaptive is None else adaptive.split_micro_batch(after.micro_batch),
+            next_micro_batch=self._split_size(after.micro_batch),
             next_effective_batch=after.effective_batch if adaptive is None else adaptive.effective_batch_samples,
             lr_scale=lr_scale, step_seconds=step_seconds, input_seconds=input_seconds, adapt=adapt_record,
         )
@@ -744,7 +753,12 @@ class _GovernedLoop:
             self.on_update(record)
 
     def _split_size(self, memory_micro_batch: int) -> int:
-        return memory_micro_batch if self.adaptive is None else self.adaptive.split_micro_batch(memory_micro_batch)
+        """The size an update is split with: the governor's micro-batch, or adapt's smaller one. With
+        length ceilings it stays the governor's (its units); adapt's bound then caps each piece in
+        examples instead (_pieces)."""
+        if self.adaptive is None or self.length_ceilings is not None:
+            return memory_micro_batch
+        return self.adaptive.split_micro_batch(memory_micro_batch)
 
     def _accumulate(self, flat_examples: list, examples: int) -> tuple[list[int], list, list[OomEvent], tuple]:
         """Run the update's micro-batches; (sizes that ran, their loss sums, OOM events, and with
@@ -811,10 +825,12 @@ class _GovernedLoop:
 
     def _pieces(self, offset: int, count: int, micro_batch: int) -> list[int]:
         """Sizes of the pieces for examples [offset, offset + count) of the update: the governor's
-        micro-batch each, or with length ceilings as each piece's lengths allow (length_ceilings.py)."""
+        micro-batch each, or with length ceilings as each piece's lengths allow (length_ceilings.py),
+        and no more than adapt's bound in examples."""
         if self.length_ceilings is None or self.lengths is None:
             return split_micro_batches(count, micro_batch)
-        return self.length_ceilings.split(self.lengths[offset : offset + count], micro_batch, self._upper())
+        cap = None if self.adaptive is None else self.adaptive.pieces_bound_samples()
+        return self.length_ceilings.split(self.lengths[offset : offset + count], micro_batch, self._upper(), cap)
 
     def _piece_lengths(self, sizes: list[int]) -> tuple[int, ...] | None:
         """The longest example (tokens) of each piece that ran, with length ceilings; else None."""
