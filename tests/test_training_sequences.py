@@ -166,6 +166,24 @@ def test_an_adaptive_batch_with_length_ceilings_equals_the_plain_loop_fed_its_up
     assert diff < 1e-5
 
 
+def test_variable_length_updates_give_the_governor_no_step_time():
+    """An update's time follows its lengths (a length window's updates on the docstrings took
+    0.04-1.06 s at one micro-batch, and the slow-step rule halved the micro-batch without any
+    memory pressure), so for variable-length examples the governor gets no step time: a slow-step
+    rule that would fire on any 1% slowdown moves nothing."""
+    tokens, labels = sequences()
+    governor = Governor(GovernorConfig(ceiling_batch=EFFECTIVE, effective_batch=EFFECTIVE, slow_step_factor=1.01,
+                                       slow_step_patience=1))
+    step_times = []
+    observe = governor.observe
+    governor.observe = lambda observation: (step_times.append(observation.step_seconds), observe(observation))[1]
+    report = fit(masked_model(), dataset(tokens, labels), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                 optimizer=keras.optimizers.SGD(0.1), effective_batch=EFFECTIVE, governor=governor, epochs=3,
+                 length_window_examples=16)
+    assert len(step_times) == len(report.updates) == 15 and set(step_times) == {None}
+    assert {record.next_micro_batch for record in report.updates} == {EFFECTIVE}
+
+
 def test_length_ceilings_usage_errors_are_one_line():
     tokens, labels = sequences(count=8)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -174,7 +174,8 @@ def fit(
     `governor`: defaults to Governor(GovernorConfig(ceiling_batch=effective_batch,
     effective_batch=effective_batch)); it is used as given (not reset) unless a checkpoint restores
     it. `pressure_reader`: read once per update (it rate-limits itself); without one the governor
-    only reacts to OOMs and slow steps. `checkpoint_dir`: resume from / save to it, every
+    only reacts to OOMs and slow steps (slow steps only for fixed-length examples: an update of
+    variable-length ones takes as long as its lengths make it, so its time is not handed over). `checkpoint_dir`: resume from / save to it, every
     `checkpoint_every_updates` updates and at the end; the dataset must then yield the same order
     every epoch and in every process (a reshuffling or unseeded shuffle, or an unseeded random op in
     the pipeline, is refused).
@@ -707,8 +708,12 @@ class _GovernedLoop:
         largest = max(sizes, default=None)  # None: a worker with no share of this update
         if self.length_ceilings is not None and sizes:
             largest = self.running_micro_batch  # pieces by length: the governor's units
+        # Updates of variable-length examples differ in work by their lengths (a length window's
+        # updates on the docstrings took 0.04-1.06 s at one micro-batch), so their times are no
+        # memory signal: the governor's slow-step rule gets none (it halved the micro-batch there).
+        comparable = not ooms and self.lengths is None
         observation = dataclasses.replace(
-            observation, oom=False, step_seconds=None if ooms else governed_seconds, micro_batch=largest
+            observation, oom=False, step_seconds=governed_seconds if comparable else None, micro_batch=largest
         )
         if self.fixed_micro_batch:
             # batch_norm="fixed_micro_batch": no reading may move the micro-batch (only on_oom does).
