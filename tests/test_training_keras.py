@@ -181,3 +181,24 @@ def test_batch_norm_is_named_and_a_strategy_is_refused():
         distributed = compiled_model(keras)
     with pytest.raises(UsageError, match="OneDeviceStrategy"):
         keras_integration.enable_micro_batching(distributed, Governor(GovernorConfig(ceiling_batch=4, effective_batch=8)))
+
+
+@pytest.mark.parametrize("world_name", ["keras", "tf_keras"])
+def test_a_model_with_an_open_token_axis_hands_the_governor_no_batch_time(world_name):
+    """A batch of token sequences takes as long as its length makes it, so the slow-step rule gets
+    no batch time from such a model; a model of fixed shapes still hands it over."""
+    world = keras_world(world_name)
+    inputs = world.Input((None,), dtype="int32")
+    pooled = world.layers.GlobalAveragePooling1D()(world.layers.Embedding(20, 4)(inputs))
+    tokens_model = world.Model(inputs, world.layers.Dense(2)(pooled))
+    fixed_model = compiled_model(world)
+    tokens_model.compile(optimizer=make_optimizer("sgd", world), loss=make_loss(world))
+    seen = {}
+    for name, model in (("tokens", tokens_model), ("fixed", fixed_model)):
+        governor = Governor(GovernorConfig(ceiling_batch=8, effective_batch=8))
+        observe = governor.observe
+        governor.observe = lambda observation, name=name: (seen.setdefault(name, observation.step_seconds),
+                                                           observe(observation))[1]
+        keras_integration.enable_micro_batching(model, governor).observe_batch(0.25)
+    assert keras_integration.has_open_input_axis(tokens_model) and not keras_integration.has_open_input_axis(fixed_model)
+    assert seen == {"tokens": None, "fixed": 0.25}

@@ -12,7 +12,10 @@ equal a whole-batch step's. The callback (`GovernorCallback` for Keras 3, `TfKer
 for tf_keras; `controller.callback()` picks) feeds the governor after every batch from a
 PressureReader and the batch time, and writes its decision into the variable. That batch time
 includes reading the batch: model.fit's compiled train function takes it from the dataset
-iterator itself (edgebatch.training.fit times the step without the input wait).
+iterator itself (edgebatch.training.fit times the step without the input wait). A model with an
+input axis of unknown size besides the batch (token sequences, `Input((None,))`) trains batches
+whose time follows their shape, so the governor gets no batch time from it (as in fit: its
+slow-step rule would read a long batch as pressure).
 
 Works with Keras 3 (`import keras`) and tf_keras (`import tf_keras`) models; `_KERAS3`/`_TF_KERAS`
 hold the few calls that differ. Mixed precision works (the loss-scale optimizer sees one
@@ -158,6 +161,7 @@ class MicroBatchController:
         self.governor = governor
         self.pressure_reader = pressure_reader
         self.world = _world_of(model)
+        self.batch_times_comparable = not has_open_input_axis(model)
         self.micro_batch = tf.Variable(governor.decision.micro_batch, dtype=tf.int32, trainable=False,
                                        name="edgebatch_micro_batch")
         self.traces = 0
@@ -171,7 +175,8 @@ class MicroBatchController:
         self.batches += 1
         observation = self.pressure_reader.read() if self.pressure_reader is not None else Observation(pressure=None)
         observation = dataclasses.replace(
-            observation, oom=False, step_seconds=step_seconds, micro_batch=self.governor.decision.micro_batch
+            observation, oom=False, step_seconds=step_seconds if self.batch_times_comparable else None,
+            micro_batch=self.governor.decision.micro_batch,
         )
         return self._apply(self.governor.observe(observation), observation.pressure)
 
@@ -191,6 +196,16 @@ class MicroBatchController:
     def callback(self) -> Any:
         """A fit callback of the model's world (Keras 3 or tf_keras) driving this controller."""
         return GovernorCallback(self) if self.world is _Keras3 else _tf_keras_callback_class()(self)
+
+
+def has_open_input_axis(model: Any) -> bool:
+    """True when one of the model's inputs has an axis of unknown size besides the batch (e.g. a token
+    axis, `Input((None,))`); False for fixed shapes and for a model without known inputs."""
+    try:
+        inputs = list(model.inputs or [])
+    except (AttributeError, ValueError):  # a subclassed or unbuilt model has no symbolic inputs
+        return False
+    return any(dim is None for tensor in inputs for dim in tuple(tensor.shape)[1:])
 
 
 def enable_micro_batching(
