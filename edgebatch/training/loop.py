@@ -708,9 +708,10 @@ class _GovernedLoop:
         largest = max(sizes, default=None)  # None: a worker with no share of this update
         if self.length_ceilings is not None and sizes:
             largest = self.running_micro_batch  # pieces by length: the governor's units
-        # Updates of variable-length examples differ in work by their lengths (a length window's
-        # updates on the docstrings took 0.04-1.06 s at one micro-batch), so their times are no
-        # memory signal: the governor's slow-step rule gets none (it halved the micro-batch there).
+        # Updates of variable-length examples differ in work by their lengths (256 docstrings an
+        # update, by length window, took 0.04-5.2 s in one piece), so their times are no memory
+        # signal: the governor's slow-step rule gets none (it halved the micro-batch there;
+        # tools/length_window_step_times.py).
         comparable = not ooms and self.lengths is None
         observation = dataclasses.replace(
             observation, oom=False, step_seconds=governed_seconds if comparable else None, micro_batch=largest
