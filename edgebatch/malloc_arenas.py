@@ -9,8 +9,9 @@ six processes of eight and 1,550 MiB in two as it is, and 1,481 MiB in all eight
 setting (`search.malloc_arena_max`; None: glibc's own default), a cached profile is reused only
 under the same one (probing/reuse.py), and its ceilings hold for training started under it
 (`MALLOC_ARENA_MAX=1 python train.py`: glibc reads it once, when the process starts).
-Governor.from_profile and LengthCeilings.from_profile warn (`warn_on_mismatch`) when the training
-process runs under another setting than the profile's.
+Governor.from_profile and LengthCeilings.from_profile warn (`warn_on_mismatch`, through
+edgebatch/profile_settings.py) when the training process runs under another setting than the
+profile's.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def mismatch(recorded: int | None, running: int | None) -> str | None:
     )
 
 
-def warn_on_mismatch(profile: Any, environ: Mapping[str, str] | None = None) -> str | None:
+def warn_on_mismatch(profile: Any, environ: Mapping[str, str] | None = None, stacklevel: int = 3) -> str | None:
     """Warn (one line, returned too) when this process runs under another arena limit than `profile`
     (duck-typed DeviceProfile) was measured with. A profile that did not record it counts as
     measured under glibc's default; an object without `search` is not checked."""
@@ -57,5 +58,5 @@ def warn_on_mismatch(profile: Any, environ: Mapping[str, str] | None = None) -> 
         return None
     line = mismatch(search.get("malloc_arena_max"), malloc_arena_max_in_effect(environ))
     if line is not None:
-        warnings.warn(line, stacklevel=3)
+        warnings.warn(line, stacklevel=stacklevel)
     return line

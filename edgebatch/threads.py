@@ -99,7 +99,7 @@ def _describe(threads: int) -> str:
     return "TensorFlow's own inter-op pool" if threads == 0 else f"{threads} inter-op thread{'s' if threads > 1 else ''}"
 
 
-def warn_on_mismatch(profile: Any) -> str | None:
+def warn_on_mismatch(profile: Any, stacklevel: int = 3) -> str | None:
     """Warn (one line, returned too) when this process's TensorFlow runs another inter-op setting
     than `profile` (duck-typed DeviceProfile) was measured with. Only once TensorFlow is imported:
     before that, nothing has fixed the setting yet."""
@@ -108,5 +108,5 @@ def warn_on_mismatch(profile: Any) -> str | None:
         return None
     line = mismatch(recorded_inter_op_threads(search), inter_op_threads_in_effect())
     if line is not None:
-        warnings.warn(line, stacklevel=3)
+        warnings.warn(line, stacklevel=stacklevel)
     return line

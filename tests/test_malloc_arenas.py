@@ -1,4 +1,4 @@
-"""edgebatch.malloc_arenas: the arena limit a profile was measured under, checked where training uses it.
+"""edgebatch.malloc_arenas (and profile_settings): the arena limit a profile was measured under, checked where training uses it.
 
 Pure: the setting is read from an environment mapping; what glibc does with it is measured in
 device_profiles/README.md, not here.
@@ -51,8 +51,10 @@ def test_training_from_a_profile_warns_when_this_process_runs_another_limit(monk
     profile = SimpleNamespace(safe_batch=48, max_batch=64, memory_model=None, budget_bytes=4096 * MiB,
                               device={"kind": "CPU"}, measure="process_peak", search=search,
                               per_length={64: LengthCeiling(max_batch=130, safe_batch=117, peak_bytes=1)})
-    with pytest.warns(UserWarning, match="MALLOC_ARENA_MAX=1"):
+    with pytest.warns(UserWarning, match="MALLOC_ARENA_MAX=1") as caught:
         assert Governor.from_profile(profile, effective_batch=48).config.ceiling_batch == 48
+    # edgebatch/profile_settings.py warns for the caller of from_profile, not for edgebatch's own code.
+    assert {w.filename for w in caught if "malloc arena" in str(w.message)} == {__file__}
     with pytest.warns(UserWarning, match="MALLOC_ARENA_MAX=1"):
         assert LengthCeilings.from_profile(profile).table == ((64, 117),)
     monkeypatch.setenv("MALLOC_ARENA_MAX", "1")

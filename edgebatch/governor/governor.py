@@ -10,7 +10,6 @@ import dataclasses
 import numbers
 from typing import Any
 
-from edgebatch import malloc_arenas
 from edgebatch.governor.policy import (
     Decision,
     GovernorConfig,
@@ -22,7 +21,7 @@ from edgebatch.governor.policy import (
     step,
 )
 from edgebatch.governor.sizes import legal_at_most
-from edgebatch.threads import warn_on_mismatch
+from edgebatch.profile_settings import warn_on_mismatches
 
 __all__ = ["Governor", "trainable_bytes"]
 
@@ -150,8 +149,7 @@ class Governor:
         with: its peaks then differ from the profile's.
         """
         ceiling = profile.max_batch if use_max_batch else profile.safe_batch
-        warn_on_mismatch(profile)
-        malloc_arenas.warn_on_mismatch(profile)
+        warn_on_mismatches(profile)
         if ceiling is None:
             which = "max_batch" if use_max_batch else "safe_batch"
             raise GovernorConfigError(f"profile has no {which} to use as the ceiling, got {ceiling!r}")

@@ -73,10 +73,9 @@ class LengthCeilings:
         or its max_batch with `use_max_batch` (as Governor.from_profile chooses its ceiling). Warns,
         as Governor.from_profile does, when this process runs another inter-op or malloc arena
         setting than the profile was measured with."""
-        from edgebatch import malloc_arenas, threads
+        from edgebatch.profile_settings import warn_on_mismatches
 
-        threads.warn_on_mismatch(profile)
-        malloc_arenas.warn_on_mismatch(profile)
+        warn_on_mismatches(profile)
         per_length = getattr(profile, "per_length", None)
         if not per_length:
             raise UsageError(
