@@ -114,8 +114,8 @@ def cached_checks() -> SharedChecks:
     return checks
 
 
-def truth_at(model, length, found, hints, budget_bytes) -> dict:
-    probe_truth.fresh_check.new_truth()
+def truth_at(checks: SharedChecks, model, length, found, hints, budget_bytes) -> dict:
+    checks.new_truth()
     deadline = time.monotonic() + TRUTH_SECONDS_PER_LENGTH
     return probe_truth.measure_truth(
         model, [found], hints, budget_bytes=budget_bytes, headroom_bytes=None,
@@ -156,7 +156,7 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
         hints = sorted({t.batch for t in profile.trials if t.seq_len == length and not t.ok and t.measured})
         truths = {}
         for name, budget in (("budget", budget_bytes), ("fit_limit", limit)):
-            truth = truth_at(model, length, found, hints or [int(found * 1.08) + 1], budget)
+            truth = truth_at(checks, model, length, found, hints or [int(found * 1.08) + 1], budget)
             truths[name] = {key: truth[key] for key in ("ceiling", "first_failure_above", "narrowed_to_resolution",
                                                          "failures_below_ceiling")}
             truths[name]["found_over_true"] = found / truth["ceiling"] if truth["ceiling"] else None
