@@ -808,3 +808,59 @@ def test_the_probe_says_once_when_it_sees_a_band():
     band = [line for line in lines if "band" in line]
     assert band == ["  fresh workers both ran and ran out of memory at or below batch 130: the edge is a band here, "
                     f"so the answer needs {ANSWER_READINGS * BAND_READINGS_FACTOR} fresh readings"], lines
+
+
+def test_checked_binsearch_costs_binsearch_its_answer_readings_and_no_more_on_a_clean_device():
+    """binsearch_checked prices slow_start's answer rule alone: on a device where every reading is
+    the truth, it takes binsearch's trials, then reads the same answer in answer_readings fresh workers."""
+    peak = linear(700, 2.5)
+    budget = 1536 * MIB
+    plain, plain_steps = simulate(SearchConfig(budget_bytes=budget, strategy="binsearch"), peak)
+    checked, checked_steps = simulate(SearchConfig(budget_bytes=budget, strategy="binsearch_checked"), peak)
+    assert checked == plain
+    assert runs(checked_steps) == runs(plain_steps) + [plain] * ANSWER_READINGS
+    assert [s.fresh for s in checked_steps if isinstance(s, Run)][-ANSWER_READINGS:] == [True] * ANSWER_READINGS
+
+
+def test_checked_binsearch_walks_down_where_fresh_processes_fail_what_its_reused_worker_ran():
+    """mlp under a 256 MiB address-space cap (BENCHMARKS.md at ba7149b): binsearch's worker ran 25600,
+    fresh processes failed from 21443. Checked, a fresh failure of the answer counts and the
+    bisection goes on below it; the answer then ran in answer_readings fresh workers."""
+    fresh_limit, reused_limit = 21321, 25600
+    peak = linear(765, 0.0095)
+    config = SearchConfig(budget_bytes=10_000 * MIB, max_batch_limit=65536, strategy="binsearch_checked")
+    outcomes = []
+    for _ in range(200):
+        step = next_step(config, outcomes)
+        if isinstance(step, Done):
+            break
+        limit = fresh_limit if step.fresh else reused_limit
+        ran = step.batch <= limit
+        outcomes.append(Outcome(step.batch, ran, int(peak(step.batch)) if ran else None, fresh=step.fresh))
+    else:
+        raise AssertionError(f"no answer: {outcomes}")
+    plain = simulate(SearchConfig(budget_bytes=10_000 * MIB, max_batch_limit=65536, strategy="binsearch"), peak,
+                     crash_above=reused_limit)[0]
+    assert plain > fresh_limit  # what the check is for
+    assert (1 - config.tolerance) * fresh_limit <= step.max_batch <= fresh_limit, step
+    readings = [o for o in outcomes if o.batch == step.max_batch and o.fresh]
+    assert len(readings) == ANSWER_READINGS and all(o.ran for o in readings)
+
+
+def test_checked_binsearch_judges_its_answer_by_the_spread_of_its_fresh_readings():
+    """As slow_start's: readings of the answer 3.4% apart lower the budget by that spread, and the
+    batch, whose lowest reading no longer fits the lowered budget, is not the answer."""
+    budget = 1000 * MIB
+    config = SearchConfig(budget_bytes=budget, strategy="binsearch_checked")
+    outcomes = [Outcome(b, True, int(linear(500, 1)(b))) for b in (8, 16, 32, 64, 128, 256)]
+    outcomes += [Outcome(512, True, 1012 * MIB), Outcome(384, True, 884 * MIB), Outcome(448, True, 948 * MIB),
+                 Outcome(480, True, 980 * MIB), Outcome(496, True, 996 * MIB), Outcome(504, True, 1004 * MIB)]
+    outcomes = [dataclasses.replace(o, ran=False, peak_bytes=None) if o.batch == 512 else o for o in outcomes]
+    assert next_step(config, outcomes) == Run(496, fresh=True, readings=ANSWER_READINGS)
+    outcomes.append(Outcome(496, True, 970 * MIB, fresh=True))
+    assert next_step(config, outcomes) == Run(496, fresh=True, readings=ANSWER_READINGS - 1)
+    outcomes += [Outcome(496, True, 1003 * MIB, fresh=True), Outcome(496, True, 975 * MIB, fresh=True)]
+    assert effective_budget_bytes(outcomes, budget) < budget
+    assert edge_of(outcomes, effective_budget_bytes(outcomes, budget)).hi <= 496
+    step = next_step(config, outcomes)
+    assert isinstance(step, Run) and step.batch < 496, step

@@ -23,8 +23,11 @@ from edgebatch.errors import UsageError
 from edgebatch.profiles.model import MemoryModel
 
 # The last three are the peers' finders, for benchmarks (baselines.py): Accelerate's shrink-on-OOM
-# (x0.9 now, x0.5 before) and a DeepSpeed-style one-shot estimate.
-STRATEGIES = ("slow_start", "binsearch", "power", "shrink_x0.9", "shrink_x0.5", "one_shot_estimate")
+# (x0.9 now, x0.5 before) and a DeepSpeed-style one-shot estimate. `binsearch_checked` is Lightning's
+# binsearch held to slow_start's safety rule for its answer (search.py), so the benchmark can price
+# that rule apart from the search.
+CHECKED_BINSEARCH = "binsearch_checked"
+STRATEGIES = ("slow_start", "binsearch", CHECKED_BINSEARCH, "power", "shrink_x0.9", "shrink_x0.5", "one_shot_estimate")
 # The search's defaults, owned here; ProbeRequest (and through it the CLI) reads them.
 DEFAULT_START_BATCH = 8
 DEFAULT_MAX_BATCH_LIMIT = 4096

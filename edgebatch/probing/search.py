@@ -38,6 +38,12 @@ Strategies:
   (_clear_of_bump): with TensorFlow's inter-op pool, where a bump begins differs between processes.
 - `binsearch`: plain doubling, then midpoint bisection (Lightning's binsearch). The baseline the
   slow start is measured against.
+- `binsearch_checked`: binsearch held to slow_start's rule for the answer, a baseline that prices
+  that rule apart from the search. The same doubling and midpoint bisection, with fits and failures
+  counted by outcomes.edge_of under the budget lowered by the spread of repeated readings (as
+  slow_start's are); where binsearch would stop, its answer is read config.answer_readings times in
+  fresh workers (times BAND_READINGS_FACTOR in an out-of-memory band), and a reading that fails
+  makes it a failure and the bisection goes on below it (_repeat_answer).
 - `power`: plain doubling until the first failure; answer the last fit (Lightning's power).
 """
 
@@ -52,6 +58,7 @@ from edgebatch.probing.outcomes import (
     ANSWER_READINGS,
     BAND_READINGS_FACTOR,
     BUMP_EDGE_FRACTION,
+    CHECKED_BINSEARCH,
     STRATEGIES,
     Done,
     Outcome,
@@ -106,7 +113,9 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
     """Decide what to do next from every outcome so far (in any order)."""
     if config.strategy in baselines.BASELINE_STRATEGIES:
         return baselines.next_step(config, outcomes)
-    if config.strategy == "slow_start":
+    # The searches whose answers are read fresh and judged by one rule (outcomes.edge_of).
+    judged_by_edge = config.strategy in ("slow_start", CHECKED_BINSEARCH)
+    if judged_by_edge:
         # Repeated fresh readings that differ lower the budget every reading is judged by.
         config = with_effective_budget(config, outcomes)
     budget = config.budget_bytes
@@ -115,7 +124,7 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
     if not outcomes:
         return Run(first_batch(config)) if prior is None else _start_at_prior(config, prior, cap)
 
-    if config.strategy == "slow_start":
+    if judged_by_edge:
         edge = edge_of(outcomes, budget)
         lo, hi = edge.lo, edge.hi
     else:
@@ -148,6 +157,8 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
             step = _clear_of_bump(config, outcomes, step, hi, model)
         if isinstance(step, Done):
             step = _repeat_answer(config, outcomes, step)
+    elif config.strategy == CHECKED_BINSEARCH and isinstance(step, Done):
+        step = _repeat_answer(config, outcomes, step)
     return step
 
 

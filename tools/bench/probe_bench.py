@@ -33,6 +33,8 @@ from probe_truth import judge, measure_truth, truth_seconds_left
 METHODS = (
     ("slow_start", 8),
     ("binsearch", 8),
+    # binsearch held to slow_start's answer rule (search.py): what that rule costs apart from the search.
+    ("binsearch_checked", 8),
     ("power", 8),
     ("one_shot_estimate", 1),
     ("shrink_x0.9", 128),
@@ -217,12 +219,12 @@ def _run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until, 
 
 
 def summarise(runs: dict[str, list[dict]]) -> dict:
-    """Per method: Stats of trials, failures, seconds, found, found/true; ratios to binsearch by repeat."""
-    # Repeat i of a method against repeat i of binsearch: the same stretch of machine time (a repeat
-    # skipped for time on either side leaves the pair out).
-    reference = {r["repeat"]: r for r in runs.get("binsearch", [])}
-
-    def versus(method: list[dict], key: str):
+    """Per method: Stats of trials, failures, seconds, found, found/true; ratios by repeat to binsearch
+    and to binsearch_checked (binsearch held to slow_start's answer rule)."""
+    # Repeat i of a method against repeat i of the reference: the same stretch of machine time (a
+    # repeat skipped for time on either side leaves the pair out).
+    def versus(method: list[dict], key: str, reference_name: str):
+        reference = {r["repeat"]: r for r in runs.get(reference_name, [])}
         pairs = [(r[key], reference[r["repeat"]][key]) for r in method if r["repeat"] in reference]
         return ratio_stat([a for a, _ in pairs], [b for _, b in pairs])
 
@@ -242,8 +244,10 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
             "unsafe_runs": sum(bool(r.get("unsafe")) for r in method),
             "unchecked_runs": sum(r.get("unsafe") is None for r in method),
             "no_answer_runs": sum(r["found"] is None for r in method),
-            "trials_vs_binsearch": versus(method, "trials"),
-            "wall_vs_binsearch": versus(method, "wall_seconds"),
+            "trials_vs_binsearch": versus(method, "trials", "binsearch"),
+            "wall_vs_binsearch": versus(method, "wall_seconds", "binsearch"),
+            "trials_vs_checked": versus(method, "trials", "binsearch_checked"),
+            "wall_vs_checked": versus(method, "wall_seconds", "binsearch_checked"),
         }
     return summary
 

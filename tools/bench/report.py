@@ -130,6 +130,12 @@ def _probe_targets(scenario: dict) -> list[list[str]]:
         value = _stat(slow.get(key))
         if value is not None:
             rows.append([f"{label} <= {target} x binsearch's: {name}", fmt(value, 2), _verdict(value.median <= target)])
+    # No target: the same costs against binsearch held to slow_start's answer rule (the price of
+    # the search, with the price of that rule taken out of the comparison).
+    trials, wall = _stat(slow.get("trials_vs_checked")), _stat(slow.get("wall_vs_checked"))
+    if trials is not None and wall is not None:
+        rows.append([f"cost against binsearch_checked (no target): {name}",
+                     f"trials {fmt(trials, 2)}; wall {fmt(wall, 2)}", "for reference"])
     return rows
 
 
@@ -201,10 +207,12 @@ def probe_lines(section: dict) -> list[str]:
             rows.append([name, str(s["runs"]), fmt(s["trials"], 0), fmt(s["failed_trials"], 0),
                          fmt(s["workers_started"], 0), fmt(s["wall_seconds"], 0), fmt(s["found"], 0),
                          fmt(s["found_over_true"], 3), f"{s['unsafe_runs']}" + (f" ({s['unchecked_runs']} unchecked)" if s["unchecked_runs"] else ""),
-                         fmt(s["trials_vs_binsearch"], 2), fmt(s["wall_vs_binsearch"], 2)])
+                         fmt(s["trials_vs_binsearch"], 2), fmt(s["wall_vs_binsearch"], 2),
+                         fmt(s.get("trials_vs_checked"), 2), fmt(s.get("wall_vs_checked"), 2)])
         if rows:
             lines += [""] + _table(["method", "runs", "trials", "failed", "workers", "wall s", "found", "found/true",
-                                    "unsafe", "trials / binsearch", "wall / binsearch"], rows)
+                                    "unsafe", "trials / binsearch", "wall / binsearch", "trials / checked",
+                                    "wall / checked"], rows)
         else:
             lines += ["", "No method ran in the time budget."]
         if scenario.get("skipped"):

@@ -50,7 +50,11 @@ NOTES = [
     "costs a TensorFlow import. found/true is the answer over the largest "
     "batch that ran in a fresh process (tests/support/fresh_step.py: its own step, 10 steps); 'unsafe' counts answers "
     "that failed in a fresh process or lie at or above a fresh failure. 'binsearch -5% margin' is Lightning's "
-    "binsearch as it hands its answer back (less a 5% margin), derived from the same binsearch runs. Costs to keep "
+    "binsearch as it hands its answer back (less a 5% margin), derived from the same binsearch runs. "
+    "'binsearch_checked' is binsearch held to slow_start's rule for the answer (read in 3 fresh workers, the "
+    "first forked, the others new processes; a failed reading makes the answer a failure and the bisection goes on "
+    "below it; `edgebatch/probing/search.py`): 'trials / checked' and 'wall / checked' compare against it, so the "
+    "price of that rule drops out of the comparison. Costs to keep "
     "in mind: a worker started as a new process imports TensorFlow (8-20 s here), and a real OOM takes ~10 s to surface on CPU "
     "(TensorFlow's allocator retries before it gives up); a measured over-budget trial costs only its steps.",
     "- Every process under an address-space cap (probe workers, truth runs, pressure runs) runs with "

@@ -1,0 +1,47 @@
+"""The probe benchmark's cost ratios (tools/bench/probe_bench.summarise) and how the report shows them.
+
+Scripted runs, no processes: the ratios are taken repeat by repeat, against binsearch and against
+binsearch_checked (binsearch held to slow_start's answer rule).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "bench"))
+
+import probe_bench  # noqa: E402
+import report  # noqa: E402
+
+
+def run(repeat, trials, seconds):
+    return {"repeat": repeat, "trials": trials, "wall_seconds": seconds, "failed_trials": 0, "workers_started": 1,
+            "found": 100, "found_over_true": 1.0, "unsafe": False}
+
+
+def test_cost_is_compared_repeat_by_repeat_with_binsearch_and_with_its_checked_form():
+    runs = {
+        "slow_start": [run(0, 12, 40.0), run(1, 14, 60.0)],
+        "binsearch": [run(0, 10, 20.0), run(1, 10, 20.0)],
+        "binsearch_checked": [run(0, 13, 50.0), run(1, 14, 40.0)],
+    }
+    summary = probe_bench.summarise(runs)["slow_start"]
+    assert abs(summary["trials_vs_binsearch"].median - 1.3) < 1e-9  # 1.2 and 1.4
+    assert summary["trials_vs_checked"].min == 12 / 13 and summary["trials_vs_checked"].max == 1.0
+    assert summary["wall_vs_checked"].min == 0.8 and summary["wall_vs_checked"].max == 1.5
+
+
+def test_a_repeat_the_checked_baseline_skipped_is_left_out_of_its_ratios():
+    runs = {"slow_start": [run(0, 12, 40.0), run(1, 14, 60.0)], "binsearch": [run(0, 10, 20.0), run(1, 10, 20.0)],
+            "binsearch_checked": [run(1, 7, 30.0)]}
+    summary = probe_bench.summarise(runs)["slow_start"]
+    assert summary["trials_vs_checked"].n == 1 and summary["trials_vs_checked"].median == 2.0
+    assert summary["trials_vs_binsearch"].n == 2
+
+
+def test_the_targets_table_shows_the_checked_comparison_without_a_verdict():
+    runs = {"slow_start": [run(0, 12, 40.0)], "binsearch": [run(0, 10, 20.0)], "binsearch_checked": [run(0, 16, 50.0)]}
+    scenario = {"scenario": {"name": "toy"}, "truth": {"narrowed_to_resolution": True},
+                "summary": probe_bench.summarise(runs)}
+    rows = report._probe_targets(scenario)
+    assert ["cost against binsearch_checked (no target): toy", "trials 0.75; wall 0.80", "for reference"] in rows
+    assert ["trials <= 0.5 x binsearch's: toy", "1.20", "**not met**"] in rows
