@@ -864,3 +864,19 @@ def test_checked_binsearch_judges_its_answer_by_the_spread_of_its_fresh_readings
     assert edge_of(outcomes, effective_budget_bytes(outcomes, budget)).hi <= 496
     step = next_step(config, outcomes)
     assert isinstance(step, Run) and step.batch < 496, step
+
+
+def test_a_limit_the_line_does_not_see_is_bisected_geometrically():
+    """dense_wide under a 300 MiB address-space cap, the search told only the RAM (BENCHMARKS.md at
+    7da295f): the line put the ceiling past 4096 and every batch above 128 ran out of memory.
+    Arithmetic midpoints from 32..4096 ran out 10 times (4096, 2064, 1048, 540, 286, 159, ...);
+    geometric ones need 6, and land on the limit."""
+    peak = linear(770, 2.1)
+    config = SearchConfig(budget_bytes=int(23 * 1024 * MIB * 0.99), start_batch=8, max_batch_limit=4096)
+    answer, steps = simulate(config, peak, crash_above=128)
+    ooms = [batch for batch in runs(steps) if batch > 128]
+    assert ooms == [4096, 362, 196, 144, 133, 130], runs(steps)
+    assert answer == 128
+    # binsearch keeps Lightning's arithmetic midpoint.
+    plain = simulate(dataclasses.replace(config, strategy="binsearch"), peak, crash_above=128)[1]
+    assert runs(plain)[:9] == [8, 16, 32, 64, 128, 256, 192, 160, 144]

@@ -17,7 +17,8 @@ Strategies:
   memory model (fixed + per_sample x batch, fitted on the measured trials) is good, jump straight
   to just under its predicted ceiling instead of doubling blindly, and never propose a batch the
   model predicts over budget. At the first failure bisect between the last fit and the first
-  failure, guided by the model's ceiling when it falls inside the interval. Which fits and
+  failure, guided by the model's ceiling when it falls inside the interval, else at the geometric
+  midpoint (_midpoint: a failure the line does not explain is a limit it cannot see). Which fits and
   failures count is outcomes.edge_of's rule, the same one the profile is summarised by: a failure
   that a fresh worker contradicts (the batch, or a larger one, fitted fresh) is recorded but does
   not bound the search.
@@ -343,8 +344,7 @@ def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None, h
         return _maybe_skip(config, candidate, model)
     if hi - lo <= max(step, config.tolerance * lo):
         return Done(lo)
-    midpoint = round_down((lo + hi) // 2, step)
-    candidate = midpoint
+    candidate = round_down(_midpoint(config, lo, hi), step)
     if model is not None:
         if hi_peak_bytes is not None:
             excess_samples = math.ceil((hi_peak_bytes - config.budget_bytes) / model.per_sample_bytes)
@@ -359,6 +359,25 @@ def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None, h
     if candidate <= lo:
         return Done(lo)
     return _maybe_skip(config, candidate, model)
+
+
+def _midpoint(config: SearchConfig, lo: int, hi: int) -> float:
+    """Where bisection goes between the last fit `lo` and the first failure `hi` when no line guides it.
+
+    binsearch: the arithmetic midpoint, as Lightning's does. slow_start: the geometric one. It
+    bisects without a line's guess when a failure is one the line does not explain: a real OOM at
+    a batch the line puts well inside the budget, so a limit the readings cannot see binds (an
+    address-space cap, a cgroup the budget was not told of). Where that limit lies is then unknown
+    by orders of magnitude, and each failure in a new process costs a TensorFlow import and the
+    OOM's own ~10 s. dense_wide under a 300 MiB cap with the search told only the RAM
+    (BENCHMARKS.md at 7da295f): the line sent the search from 32 to 4096, and arithmetic midpoints
+    ran out of memory at 4096, 2064, 1048, 540, 286 and 159 before 95 fitted, 10 OOMs in all and
+    4.5x checked binsearch's wall time. Geometric ones, on the same landscape, run out at 4096,
+    362, 196, 144, 133 and 130: 6 OOMs and 14 trials instead of 17 (tests/test_probe_search.py).
+    """
+    if config.strategy == "slow_start":
+        return math.sqrt(lo * hi)
+    return (lo + hi) // 2
 
 
 def _maybe_skip(config: SearchConfig, candidate: int, model: MemoryModel | None) -> Step:
