@@ -77,8 +77,8 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
                           "64,128,256,512: the ceiling at each and a token memory model for any length. Default for "
                           "transformer_tiny and lstm_small: 64 doubling up to 512."),
         click.option("--strategy", type=click.Choice(STRATEGIES), default=_DEFAULTS.strategy, show_default=True,
-                     help="Search strategy; the others are the peers' finders, kept as baselines, and binsearch_checked "
-                          "(binsearch whose answer is read in fresh workers as slow_start's is) (BENCHMARKS.md)."),
+                     help="Search strategy; the others are baselines (BENCHMARKS.md): the peers' finders, and "
+                          "binsearch_checked, binsearch whose answer is read in fresh workers as slow_start's is."),
     ]
 
     def decorate(command):

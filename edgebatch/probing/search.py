@@ -365,9 +365,11 @@ def _midpoint(config: SearchConfig, lo: int, hi: int) -> float:
     """Where bisection goes between the last fit `lo` and the first failure `hi` when no line guides it.
 
     binsearch: the arithmetic midpoint, as Lightning's does. slow_start: the geometric one. It
-    bisects without a line's guess when a failure is one the line does not explain: a real OOM at
-    a batch the line puts well inside the budget, so a limit the readings cannot see binds (an
-    address-space cap, a cgroup the budget was not told of). Where that limit lies is then unknown
+    bisects without a line's guess before the line is trusted (a failure right after a doubling,
+    hi = 2 x lo, where the geometric midpoint sits 6% below the arithmetic one), and when a failure
+    is one the line does not explain:
+    a real OOM at a batch the line puts well inside the budget, so a limit the readings cannot see
+    binds (an address-space cap, a cgroup the budget was not told of). Where that limit lies is then unknown
     by orders of magnitude, and each failure in a new process costs a TensorFlow import and the
     OOM's own ~10 s. dense_wide under a 300 MiB cap with the search told only the RAM
     (BENCHMARKS.md at 7da295f): the line sent the search from 32 to 4096, and arithmetic midpoints
