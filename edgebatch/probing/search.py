@@ -17,8 +17,9 @@ Strategies:
   memory model (fixed + per_sample x batch, fitted on the measured trials) is good, jump straight
   to just under its predicted ceiling instead of doubling blindly, and never propose a batch the
   model predicts over budget. At the first failure bisect between the last fit and the first
-  failure, guided by the model's ceiling when it falls inside the interval, else at the geometric
-  midpoint (_midpoint: a failure the line does not explain is a limit it cannot see). Which fits and
+  failure, guided by the model's ceiling when it falls inside the interval, else at its midpoint,
+  the geometric one across an interval wider than a doubling (_midpoint: a failure the line does
+  not explain is a limit it cannot see). Which fits and
   failures count is outcomes.edge_of's rule, the same one the profile is summarised by: a failure
   that a fresh worker contradicts (the batch, or a larger one, fitted fresh) is recorded but does
   not bound the search.
@@ -361,23 +362,29 @@ def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None, h
     return _maybe_skip(config, candidate, model)
 
 
+# slow_start bisects geometrically only across an interval wider than this (hi / lo): wider than one
+# doubling. Narrower ones keep the arithmetic midpoint, whose last steps land nearer the failure:
+# dense_wide under 1.37 GiB (a bump at 257; quick benchmark at 93af0f4) answered 253 with geometric
+# midpoints everywhere, where arithmetic ones answer 255.
+GEOMETRIC_ABOVE_RATIO = 2
+
+
 def _midpoint(config: SearchConfig, lo: int, hi: int) -> float:
     """Where bisection goes between the last fit `lo` and the first failure `hi` when no line guides it.
 
-    binsearch: the arithmetic midpoint, as Lightning's does. slow_start: the geometric one. It
-    bisects without a line's guess before the line is trusted (a failure right after a doubling,
-    hi = 2 x lo, where the geometric midpoint sits 6% below the arithmetic one), and when a failure
-    is one the line does not explain:
-    a real OOM at a batch the line puts well inside the budget, so a limit the readings cannot see
-    binds (an address-space cap, a cgroup the budget was not told of). Where that limit lies is then unknown
-    by orders of magnitude, and each failure in a new process costs a TensorFlow import and the
-    OOM's own ~10 s. dense_wide under a 300 MiB cap with the search told only the RAM
+    binsearch: the arithmetic midpoint, as Lightning's does. slow_start: the geometric one across
+    an interval wider than one doubling (GEOMETRIC_ABOVE_RATIO), the arithmetic one otherwise. A
+    wide interval without a line's guess comes from a failure the line does not explain: a real
+    OOM at a batch the line puts well inside the budget, so a limit the readings cannot see binds
+    (an address-space cap, a cgroup the budget was not told of). Where that limit lies is then
+    unknown by orders of magnitude, and each failure in a new process costs a TensorFlow import
+    and the OOM's own ~10 s. dense_wide under a 300 MiB cap with the search told only the RAM
     (BENCHMARKS.md at 7da295f): the line sent the search from 32 to 4096, and arithmetic midpoints
     ran out of memory at 4096, 2064, 1048, 540, 286 and 159 before 95 fitted, 10 OOMs in all and
-    4.5x checked binsearch's wall time. Geometric ones, on the same landscape, run out at 4096,
-    362, 196, 144, 133 and 130: 6 OOMs and 14 trials instead of 17 (tests/test_probe_search.py).
+    4.5x checked binsearch's wall time. On the same landscape this runs out at 4096, 362 and 196
+    (geometric), then 151 and 129 (arithmetic): 5 OOMs (tests/test_probe_search.py).
     """
-    if config.strategy == "slow_start":
+    if config.strategy == "slow_start" and hi > GEOMETRIC_ABOVE_RATIO * lo:
         return math.sqrt(lo * hi)
     return (lo + hi) // 2
 
