@@ -364,8 +364,8 @@ def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None, h
 
 # slow_start bisects geometrically only across an interval wider than this (hi / lo): wider than one
 # doubling. Narrower ones keep the arithmetic midpoint, whose last steps land nearer the failure:
-# dense_wide under 1.37 GiB (a bump at 257; quick benchmark at 93af0f4) answered 253 with geometric
-# midpoints everywhere, where arithmetic ones answer 255.
+# dense_wide under 1.37 GiB (a bump at 257; `python tools/bench/run.py --quick --only probe` at
+# 93af0f4) answered 253 with geometric midpoints everywhere, where arithmetic ones answer 255.
 GEOMETRIC_ABOVE_RATIO = 2
 
 
