@@ -312,8 +312,10 @@ def _by_length(flat_examples: list) -> list:
     return flat_examples if order is None else [array[order] for array in flat_examples]
 
 
-def _refuse_unless_variable_length(option: str, element_spec: Any, adapt: Any, strategy: Any, instead: str) -> None:
-    """UsageError when `option` meets fixed-length examples, adapt or a strategy (not supported with it yet)."""
+def _refuse_unless_variable_length(option: str, element_spec: Any, strategy: Any, instead: str, *,
+                                   adapt: Any = None) -> None:
+    """UsageError when `option` meets fixed-length examples, a strategy, or `adapt` where the caller
+    passes it (the options not supported with it yet)."""
     import tensorflow as tf
 
     from edgebatch.training.sequences import is_variable
@@ -342,7 +344,7 @@ def _check_length_ceilings(length_ceilings: Any, element_spec: Any, strategy: An
                 f"{{tokens: ceiling}}, got {type(length_ceilings).__name__}"
             )
         length_ceilings = LengthCeilings.from_profile(length_ceilings)
-    _refuse_unless_variable_length("length_ceilings", element_spec, None, strategy, "leave length_ceilings out")
+    _refuse_unless_variable_length("length_ceilings", element_spec, strategy, "leave length_ceilings out")
     return length_ceilings
 
 
@@ -354,7 +356,7 @@ def _check_batch_unit(batch_unit: Any, element_spec: Any, adapt: Any, strategy: 
     if batch_unit not in BATCH_UNITS:
         raise UsageError(f"batch_unit must be one of {', '.join(BATCH_UNITS)}, got {batch_unit!r}")
     if batch_unit == "tokens":
-        _refuse_unless_variable_length("batch_unit='tokens'", element_spec, adapt, strategy, "count in examples")
+        _refuse_unless_variable_length("batch_unit='tokens'", element_spec, strategy, "count in examples", adapt=adapt)
 
 
 def _check_length_window(window: Any, effective_batch: int, batch_unit: str, element_spec: Any, adapt: Any,
@@ -364,8 +366,8 @@ def _check_length_window(window: Any, effective_batch: int, batch_unit: str, ele
         return
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise UsageError(f"length_window_examples must be an integer >= 1 (examples per window), got {window!r}")
-    _refuse_unless_variable_length("length_window_examples", element_spec, adapt, strategy,
-                                   "leave length_window_examples out")
+    _refuse_unless_variable_length("length_window_examples", element_spec, strategy,
+                                   "leave length_window_examples out", adapt=adapt)
     if batch_unit == "examples" and window % effective_batch:
         raise UsageError(
             f"length_window_examples {window} is not a multiple of effective_batch {effective_batch}: a window is cut "
