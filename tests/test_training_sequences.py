@@ -238,6 +238,7 @@ def test_batch_unit_usage_errors_are_one_line():
         (fixed, "tokens", {}, "fixed shapes"),
         (dataset(tokens, labels), "words", {}, "batch_unit must be one of"),
         (dataset(tokens, labels), "tokens", {"governor": elastic}, "mode 'fixed'"),
+        (dataset(tokens, labels), "tokens", {"adapt": object()}, "cannot be combined with adapt"),
     ]
     for data, unit, extra, words in cases:
         with pytest.raises(UsageError) as error:
