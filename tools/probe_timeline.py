@@ -1,0 +1,55 @@
+"""Where a probe's wall time goes: every trial of one search, stamped with the seconds since start.
+
+Runs the search `edgebatch probe` runs (api._search, with its fork server where the budget leaves
+room for one) on one model under an explicit CPU budget, and prints each progress line after the
+seconds elapsed, so the cost of a scout start, a fork-server child's trial, a new process's
+reread and the side-by-side repeats can be read off the gaps. Nothing is saved.
+
+    python tools/probe_timeline.py tests/models/dense_wide.py:build --budget-mib 1400
+    python tools/probe_timeline.py small_cnn --budget-mib 1536 --strategy binsearch_checked
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="a built-in model name or FILE.py:FUNCTION")
+    parser.add_argument("--budget-mib", type=int, required=True, help="resident budget in MiB")
+    parser.add_argument("--strategy", default="slow_start", help="search strategy (default slow_start)")
+    args = parser.parse_args()
+
+    from edgebatch.probing import api
+    from edgebatch.probing.search import SearchConfig
+    from edgebatch.probing.worker import WorkerSetup, start_worker
+    from edgebatch.zoo import parse_model_spec
+
+    started = time.perf_counter()
+
+    def stamp(line: str) -> None:
+        print(f"{time.perf_counter() - started:6.1f} s {line}", flush=True)
+
+    setup = WorkerSetup(model_spec=parse_model_spec(args.model).text, device="CPU:0")
+    budget_bytes = args.budget_mib * 1024**2
+    workers = [start_worker(setup)]
+    stamp("scout ready (a new process: TensorFlow imported, model built, step traced)")
+    config = SearchConfig(
+        budget_bytes=api.fit_budget_bytes(budget_bytes, setup.inter_op_threads), strategy=args.strategy,
+        baseline_bytes=workers[0].facts.get("baseline_process_bytes"),
+        bump_edge_fraction=api.bump_edge_fraction(setup.inter_op_threads),
+    )
+    fork = api._FreshWorkers("CPU:0", budget_bytes, stamp)
+    try:
+        _, final = api._search(config, setup, workers, "process_peak", stamp, fork)
+    finally:
+        for worker in workers:
+            worker.close()
+        fork.close()
+    stamp(f"answer {final.max_batch}")
+
+
+if __name__ == "__main__":
+    main()
