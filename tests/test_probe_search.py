@@ -7,7 +7,7 @@ import pytest
 
 from edgebatch.errors import UsageError
 from edgebatch.probing.memory_fit import fit_memory_model
-from edgebatch.probing.outcomes import BAND_READINGS_FACTOR, OOM_TRANSIENT_RATIO, SPREAD_NOISE_FRACTION, edge_of, effective_budget_bytes, oom_band_seen, peak_spread_fraction
+from edgebatch.probing.outcomes import BAND_READINGS_FACTOR, OOM_TRANSIENT_RATIO, SPREAD_NOISE_FRACTION, answer_readings_wanted, edge_of, effective_budget_bytes, levels_seen, oom_band_seen, peak_spread_fraction
 from edgebatch.probing.search import ANSWER_READINGS, BUMP_CONFIRMATIONS, BUMP_EDGE_FRACTION, CHILD_LIFT_FRACTION, Done, Outcome, Run, SearchConfig, Skip, next_step, usable_model
 
 MIB = 1024**2
@@ -808,6 +808,80 @@ def test_the_probe_says_once_when_it_sees_a_band():
     band = [line for line in lines if "band" in line]
     assert band == ["  fresh workers both ran and ran out of memory at or below batch 130: the edge is a band here, "
                     f"so the answer needs {ANSWER_READINGS * BAND_READINGS_FACTOR} fresh readings"], lines
+
+
+def test_fresh_readings_further_apart_than_the_noise_make_each_new_process_a_draw():
+    def fresh(batch, mib, forked=False):
+        return Outcome(batch, True, int(mib * MIB), fresh=True, forked=forked)
+
+    agree = [fresh(800, 1152.0), fresh(800, 1152.7)]
+    assert not levels_seen(agree) and answer_readings_wanted(3, agree) == 3
+    # text_cnn at 800, Intel Xeon (device_profiles/README.md, "Peaks that differ between processes").
+    levels = [*agree, fresh(800, 1252.2)]
+    assert levels_seen(levels) and answer_readings_wanted(3, levels) == 3 * BAND_READINGS_FACTOR
+    # Just over the noise: a level none of the three readings drew can still be above the budget.
+    assert levels_seen([fresh(30, 1000), fresh(30, 1000 * (1 + SPREAD_NOISE_FRACTION) + 1)])
+    # A child reading above every new process is no spread (peak_spread_fraction), so no draw either.
+    assert not levels_seen([fresh(800, 1267.1, forked=True), fresh(800, 1262.4), fresh(800, 1262.3)])
+    band = [Outcome(100, ran=True, peak_bytes=900 * MIB, fresh=True), Outcome(100, ran=False, fresh=True)]
+    assert answer_readings_wanted(3, band) == 3 * BAND_READINGS_FACTOR
+
+
+def mobilenet_v2_unsafe_run():
+    """slow_start's trials for mobilenet_v2 under 1.5 GiB in the BENCHMARKS.md run at 7da295f (its
+    results.json, cb56736): (batch, ran, peak bytes, fresh, forked, measured). The scout's worker
+    read 8, 16 and 32; after the line was trusted every trial ran in a fork-server child, and the
+    answer's two repeats in new processes (their samples/s, 59-60 against 85, are two side by side).
+    The three batches the line put over budget were skipped, not run."""
+    trials = [(8, True, 1175429120, True, None, True), (16, True, 1321226240, False, None, True),
+              (32, True, 1601896448, False, None, True), (31, True, 1591943168, True, True, True),
+              (32, True, 1554194432, True, True, True), (34, True, 1594048512, True, True, True),
+              (35, False, 1606905170, False, None, False), (35, True, 1568968704, True, True, True),
+              (36, False, 1609204468, False, None, False), (36, True, 1591554048, True, True, True),
+              (37, False, 1620150840, False, None, False), (37, True, 1633210368, True, True, True),
+              (36, True, 1545224192, True, False, True), (36, True, 1577537536, True, False, True)]
+    return [Outcome(batch, ran, peak, fresh=fresh, forked=forked, measured=measured)
+            for batch, ran, peak, fresh, forked, measured in trials]
+
+
+def test_the_unsafe_mobilenet_v2_answer_is_read_again_where_its_readings_differed():
+    """That run answered 36 after readings of 1,517.8 MiB (child), 1,473.6 and 1,504.5 MiB (new
+    processes): 2.1% apart, more than the noise. The truth's next new process read 36 at 1,553.8
+    MiB, over the budget. The answer now needs three more readings; had one read what the truth's
+    did, the spread would be 5.4% and the search would go on below 36."""
+    from edgebatch.probing.api import fit_budget_bytes
+
+    config = SearchConfig(budget_bytes=fit_budget_bytes(1536 * MIB, 1), max_batch_limit=4096)
+    outcomes = mobilenet_v2_unsafe_run()
+    assert levels_seen(outcomes) and not oom_band_seen(outcomes)
+    assert next_step(config, outcomes) == Run(36, fresh=True, readings=ANSWER_READINGS * (BAND_READINGS_FACTOR - 1))
+    truths_reading = Outcome(36, True, 1629315072, fresh=True, forked=False)
+    step = next_step(config, [*outcomes, truths_reading])
+    assert isinstance(step, Run) and step.batch < 36, step
+    # Three more readings that agree with the first ones let 36 stand.
+    agreeing = [Outcome(36, True, peak, fresh=True, forked=False) for peak in (1545224192, 1560000000, 1577537536)]
+    assert next_step(config, [*outcomes, *agreeing]) == Done(36)
+
+
+def test_the_probe_says_once_that_differing_readings_ask_for_more_readings():
+    from edgebatch.probing import api
+    from edgebatch.profiles.model import Trial
+
+    def trial(batch, mib):
+        return Trial(batch=batch, ok=True, error=None, peak_bytes=int(mib * MIB), process_peak_bytes=None,
+                     allocator_peak_bytes=None, step_seconds=1.0, samples_per_second=10.0, fresh=True, forked=False)
+
+    for strategy, says in (("slow_start", True), ("binsearch_checked", True), ("binsearch", False)):
+        config = SearchConfig(budget_bytes=2000 * MIB, strategy=strategy)
+        trials, outcomes, lines = [], [], []
+        for batch, mib in ((800, 1152.0), (800, 1252.2), (800, 1300.0)):
+            api._record(trial(batch, mib), trials, outcomes, config, lines.append, "")
+        spread_lines = [line for line in lines if "apart" in line]
+        assert len(spread_lines) == 2, lines  # the spread widened twice
+        wants = [line for line in spread_lines if "fresh readings" in line]
+        assert wants == ([spread_lines[0]] if says else []), lines
+        if says:
+            assert spread_lines[0].endswith(f"and the answer needs {ANSWER_READINGS * BAND_READINGS_FACTOR} fresh readings")
 
 
 def test_checked_binsearch_costs_binsearch_its_answer_readings_and_no_more_on_a_clean_device():

@@ -27,10 +27,12 @@ from edgebatch.probing.outcomes import (
     ANSWER_READINGS,
     BAND_READINGS_FACTOR,
     BUMP_EDGE_FRACTION,
+    CHECKED_BINSEARCH,
     DEFAULT_MAX_BATCH_LIMIT,
     DEFAULT_START_BATCH,
     DEFAULT_STRATEGY,
     SPREAD_NOISE_FRACTION,
+    answer_readings_wanted,
     effective_budget_bytes,
     oom_band_seen,
     peak_spread_fraction,
@@ -61,6 +63,8 @@ from edgebatch.zoo import OPTIMIZATIONS, OPTIMIZERS, PRECISIONS, keras_flavor, p
 
 # A trial fits when its peak is at most the budget less a measurement margin: max_batch must run
 # in any fresh process, not just in the worker that measured it.
+# The strategies that read their answer in fresh workers (search._repeat_answer), and say when it needs more readings.
+ANSWER_CHECKING_STRATEGIES = ("slow_start", CHECKED_BINSEARCH)
 # With TensorFlow's inter-op pool (--inter-op-threads 0, or more than one thread) the same batch
 # reads differently from one process to the next, more between runs at different times than back
 # to back. small_cnn at 337: at most 1,594.5 MB in the probe worker that answered it, then
@@ -468,13 +472,18 @@ def _record(trial: Trial, trials: list[Trial], outcomes: list[Outcome], config: 
     band_before = oom_band_seen(outcomes)
     outcomes.append(Outcome(trial.batch, ran=ran, peak_bytes=trial.peak_bytes, fresh=trial.fresh, forked=trial.forked))
     progress(_trial_line(trial) + note)
-    if config.strategy == "slow_start" and not band_before and oom_band_seen(outcomes):
+    if (config.strategy in ANSWER_CHECKING_STRATEGIES and not band_before and spread_before <= SPREAD_NOISE_FRACTION
+            and oom_band_seen(outcomes)):
         progress(f"  fresh workers both ran and ran out of memory at or below batch {trial.batch}: the edge is a "
                  f"band here, so the answer needs {config.answer_readings * BAND_READINGS_FACTOR} fresh readings")
     spread = peak_spread_fraction(outcomes)
     if spread > max(spread_before, SPREAD_NOISE_FRACTION):
+        readings = ""
+        if config.strategy in ANSWER_CHECKING_STRATEGIES and not (band_before or spread_before > SPREAD_NOISE_FRACTION):
+            readings = f", and the answer needs {answer_readings_wanted(config.answer_readings, outcomes)} fresh readings"
         progress(f"  fresh workers read batch {trial.batch} {spread:.1%} apart: peaks differ between processes "
-                 f"here, so readings must now fit {format_bytes(effective_budget_bytes(outcomes, config.budget_bytes))}")
+                 f"here, so readings must now fit {format_bytes(effective_budget_bytes(outcomes, config.budget_bytes))}"
+                 + readings)
 
 
 def _seconds_per_sample_seen(trials: list[Trial]) -> float | None:

@@ -65,6 +65,12 @@ OOM_TRANSIENT_RATIO = 2
 # (device_profiles/README.md, "An out-of-memory band"). Each reading there is a draw: n fits in a
 # row pass a batch that fails in a share p of processes with probability (1 - p)^n, 22% at p = 0.4
 # for 3 readings and 5% for 6. A failed reading counts (contradicted) and the search goes on below.
+# Where fresh readings of one batch differ by more than the noise (levels_seen) each reading is a
+# draw too, between peak levels rather than between "runs" and "runs out": text_cnn at 800 (Intel
+# Xeon, 2026-12-05) read 1,152 MiB in 5 new processes of 6 and 1,252 MiB in the sixth; mobilenet_v2
+# under 1.5 GiB answered 36 after three readings of 1,473.6-1,517.8 MiB, and the benchmark truth's
+# next process read 36 at 1,553.8 MiB, over the budget (BENCHMARKS.md at 7da295f). So the answer
+# needs the same factor there.
 BAND_READINGS_FACTOR = 2
 
 
@@ -212,6 +218,20 @@ def oom_band_seen(outcomes: Sequence[Outcome]) -> bool:
     ooms = [o.batch for o in outcomes if o.fresh and o.measured and not o.ran]
     ran = [o.batch for o in outcomes if o.fresh and o.measured and o.ran]
     return any(oom <= batch < OOM_TRANSIENT_RATIO * oom for oom in ooms for batch in ran)
+
+
+def levels_seen(outcomes: Sequence[Outcome]) -> bool:
+    """Whether fresh readings of one batch differ by more than the noise (peak_spread_fraction over
+    SPREAD_NOISE_FRACTION): each new process then draws one of several peak levels, and the answer
+    needs more readings (answer_readings_wanted) to meet a high one."""
+    return peak_spread_fraction(outcomes) > SPREAD_NOISE_FRACTION
+
+
+def answer_readings_wanted(answer_readings: int, outcomes: Sequence[Outcome]) -> int:
+    """Fresh readings an answer needs: `answer_readings`, BAND_READINGS_FACTOR times that where each
+    new process is a draw (an out-of-memory band, oom_band_seen, or peak levels, levels_seen)."""
+    drawn = oom_band_seen(outcomes) or levels_seen(outcomes)
+    return answer_readings * (BAND_READINGS_FACTOR if drawn else 1)
 
 
 def counted_failures(outcomes: Sequence[Outcome], budget_bytes: int) -> list[Outcome]:

@@ -44,7 +44,8 @@ Strategies:
   that rule apart from the search. The same doubling and midpoint bisection, with fits and failures
   counted by outcomes.edge_of under the budget lowered by the spread of repeated readings (as
   slow_start's are); where binsearch would stop, its answer is read config.answer_readings times in
-  fresh workers (times BAND_READINGS_FACTOR in an out-of-memory band), and a reading that fails
+  fresh workers (outcomes.answer_readings_wanted: times BAND_READINGS_FACTOR in an out-of-memory
+  band or where fresh readings of one batch differ by more than the noise), and a reading that fails
   makes it a failure and the bisection goes on below it (_repeat_answer).
 - `power`: plain doubling until the first failure; answer the last fit (Lightning's power).
 """
@@ -58,7 +59,6 @@ from edgebatch.probing import baselines
 from edgebatch.probing.memory_fit import bump_excess_bytes, memory_model_of, prior_through_readings
 from edgebatch.probing.outcomes import (
     ANSWER_READINGS,
-    BAND_READINGS_FACTOR,
     BUMP_EDGE_FRACTION,
     CHECKED_BINSEARCH,
     STRATEGIES,
@@ -68,9 +68,9 @@ from edgebatch.probing.outcomes import (
     SearchConfig,
     Skip,
     Step,
+    answer_readings_wanted,
     edge_of,
     first_batch,
-    oom_band_seen,
     round_down,
     with_effective_budget,
 )
@@ -165,8 +165,9 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
 
 
 def _repeat_answer(config: SearchConfig, outcomes: Sequence[Outcome], done: Done) -> Step:
-    """One more fresh trial at the answer until it has config.answer_readings fresh readings, or
-    BAND_READINGS_FACTOR times that where the edge is an out-of-memory band (oom_band_seen).
+    """One more fresh trial at the answer until it has the fresh readings it needs
+    (outcomes.answer_readings_wanted: config.answer_readings, BAND_READINGS_FACTOR times that where
+    each new process is a draw, in an out-of-memory band or between peak levels).
 
     Where fresh processes read one batch differently, the repeats show it: the budget is then
     lowered by the spread (outcomes.effective_budget_bytes) and the search goes on below. In a band
@@ -176,7 +177,7 @@ def _repeat_answer(config: SearchConfig, outcomes: Sequence[Outcome], done: Done
         return done
     # Every fresh trial of the batch counts, an out-of-memory one too: at most the readings asked each.
     tried = sum(1 for o in outcomes if o.batch == done.max_batch and o.fresh and o.measured)
-    wanted = config.answer_readings * (BAND_READINGS_FACTOR if oom_band_seen(outcomes) else 1)
+    wanted = answer_readings_wanted(config.answer_readings, outcomes)
     missing = wanted - tried
     return Run(done.max_batch, fresh=True, readings=missing) if missing > 0 else done
 
