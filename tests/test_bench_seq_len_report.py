@@ -97,7 +97,7 @@ def test_the_low_level_fit_trusts_the_kept_runs_whose_two_valued_peaks_left_them
     assert model.points == pairs - high_draws and model.lengths == (64, 256, 512)
 
 
-def test_the_two_truths_of_a_length_share_their_processes_and_each_reads_a_fit_three_times(monkeypatch):
+def test_the_two_truths_of_a_length_share_their_processes_and_each_reads_a_fit_three_times_or_six_between_levels(monkeypatch):
     import probe_truth
 
     started = []
@@ -112,11 +112,12 @@ def test_the_two_truths_of_a_length_share_their_processes_and_each_reads_a_fit_t
     monkeypatch.setattr(probe_truth, "fresh_check", checks)
     checks.new_truth()
     at_budget = probe_truth.repeated_check("m", 100, 150 * MIB, None, seq_len=64)
-    assert at_budget["fits"] and len(at_budget["peaks"]) == 3 and started == [100] * 3
-    checks.new_truth()  # the truth at the fitting limit: the same three processes, judged again
+    # Three readings 40% apart: the batch is read three times more (probe_truth._levels_differ).
+    assert at_budget["fits"] and len(at_budget["peaks"]) == 6 and started == [100] * 6
+    checks.new_truth()  # the truth at the fitting limit: the same processes, judged again
     at_limit = probe_truth.repeated_check("m", 100, 120 * MIB, None, seq_len=64)
-    assert not at_limit["fits"] and at_limit["peak_bytes"] == 140 * MIB and started == [100] * 3
+    assert not at_limit["fits"] and at_limit["peak_bytes"] == 140 * MIB and started == [100] * 6
     assert len(at_limit["peaks"]) == 3  # the third process is the one over 120 MiB
-    probe_truth.repeated_check("m", 101, 130 * MIB, None, seq_len=64)
-    assert started == [100] * 3 + [101] * 3
-    assert [r["peak_bytes"] for r in checks.readings[("m", 100, 64)]] == [100 * MIB, 100 * MIB, 140 * MIB]
+    at_101 = probe_truth.repeated_check("m", 101, 130 * MIB, None, seq_len=64)
+    assert not at_101["fits"] and started == [100] * 6 + [101] * 3  # the ninth process reads 141 MiB
+    assert [r["peak_bytes"] for r in checks.readings[("m", 100, 64)]] == [100 * MIB, 100 * MIB, 140 * MIB] * 2

@@ -14,8 +14,9 @@ headroom), as a probe of a device of that size would be (on CPU its default budg
 cgroup room it reads), or, with `search_knows_cap=False`, only the machine's RAM, so that no method
 knows where the limit is. The truth follows the physical rule: under a cap, whether a fresh process
 runs; under a budget, whether its peak fits. A batch fits the truth only when it fits in
-probe_truth.TRUTH_READINGS new processes one after another (peaks differ between processes on some
-hosts: device_profiles/README.md, "Peaks that differ between processes").
+probe_truth.TRUTH_READINGS new processes one after another, twice as many where their peaks differ
+by more than the noise (peaks differ between processes on some hosts: device_profiles/README.md,
+"Peaks that differ between processes").
 """
 
 from __future__ import annotations

@@ -189,8 +189,12 @@ def probe_lines(section: dict) -> list[str]:
         elif truth["ceiling"] is None:
             lines.append(f"{planned} True ceiling: no batch tried in a fresh process fitted ({len(truth['checks'])} checks).")
         else:
+            fit_readings = {len(c.get("peaks") or [None]) for c in truth["checks"] if c.get("fits")}
             readings = max((len(c.get("peaks") or [None]) for c in truth["checks"]), default=1)
             each = f", a fit read in {readings} new processes" if readings > 1 else ""
+            if len(fit_readings) > 1:  # probe_truth.repeated_check reads again where levels differ
+                each = (f", a fit read in {min(fit_readings)} new processes, {max(fit_readings)} where their "
+                        "peaks differed by more than 1%")
             lines.append(f"{planned} True ceiling (fresh processes, {len(truth['checks'])} checks{each}, "
                          f"{truth['seconds']:.0f} s of child time): **{truth['ceiling']}** fits; {bracket}.")
         if truth.get("failures_below_ceiling"):

@@ -5,7 +5,7 @@ within [0.97, 1.0] of the fresh-process truth at a CPU budget, and the fitted to
 predicting an unprobed length within 5%. This runs `edgebatch.probe(model, seq_lens=...)` once,
 then for every probed length and every `--predict-lens` length searches the truth with
 tools/bench/probe_truth.py (tests/support/fresh_step.py with --seq-len: its own step, 10 steps; a
-batch fits when it stays under the limit in each of probe_truth.TRUTH_READINGS (3) new processes,
+batch fits when it stays under the limit in each of probe_truth.TRUTH_READINGS (3) new processes (6 where their peaks differ by more than 1%),
 as section 1's truth does, and fails at the first process over it).
 
 Two truths per length, from the same fresh checks (each check's peak is compared with both):
@@ -79,7 +79,7 @@ def repeated_reading(model: str, length: int, batch: int, budget_bytes: int, ear
 class SharedChecks:
     """probe_truth.fresh_check with a memory: the two truths of one length share their processes.
 
-    A truth reads a batch in up to TRUTH_READINGS processes, one after another
+    A truth reads a batch in up to TRUTH_READINGS processes (twice that between peak levels), one after another
     (probe_truth.repeated_check). Within one truth (`new_truth` starts one) the n-th reading of a
     batch is the n-th process any truth ran at it, started only when no earlier truth got that far;
     each is judged against the asking truth's budget. `readings[(model, batch, seq_len)]` keeps every
@@ -187,6 +187,7 @@ def run(model: str, budget_bytes: int, probe_lens: tuple[int, ...], predict_lens
         "fit_limit_bytes": limit,
         "trial_seconds": trial_seconds,
         "truth_readings": probe_truth.TRUTH_READINGS,
+        "truth_band_factor": probe_truth.BAND_READINGS_FACTOR,
         # The probe's workers and the truth's fresh processes (probe_truth.fresh_check) alike.
         "inter_op_threads": profile.search.get("inter_op_threads"),
         "probe_lens": list(probe_lens),
@@ -270,7 +271,9 @@ def markdown(data: dict) -> str:
         "the token model's predictions where it is trusted: its line under the fitting limit, and as the answer "
         "what the profile gives (token_fit.profile_ceiling_at_length: the same under the limit lowered by the "
         "widest spread between processes any probed length showed). Truth: fresh processes (tests/support/fresh_step.py --seq-len, 10 steps; "
-        + (f"a batch fits when it stays under the limit in each of {data['truth_readings']} new processes, one after another), "
+        + (f"a batch fits when it stays under the limit in each of {data['truth_readings']} new processes, one after another"
+           + (f", {data['truth_readings'] * data['truth_band_factor']} where their peaks differ by more than 1%"
+              if data.get("truth_band_factor", 1) > 1 else "") + "), "
            if data.get("truth_readings", 1) > 1 else "one new process per batch), ")
         + f"at the budget and at the probe's fitting limit ({data['fit_limit_bytes'] / mib:.0f} MiB, {data['fit_limit_bytes'] / data['budget_bytes']:.3f} x budget, "
         "the limit max_batch is defined by). "
