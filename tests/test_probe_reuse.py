@@ -122,8 +122,11 @@ def test_the_probe_gives_new_process_workers_no_prewarm_and_fork_children_one(mo
 
     started, workers = [], []
 
+    steps = []
+
     def start_worker(setup, server=None):
         started.append((setup.prewarm_batch, setup.prewarm_steps, server))
+        steps.append(setup.steps_per_trial)
         workers.append(StandIn())
         return workers[-1]
 
@@ -132,8 +135,13 @@ def test_the_probe_gives_new_process_workers_no_prewarm_and_fork_children_one(mo
     config = SearchConfig(budget_bytes=1280 * 2**20)
     api._worker_for(799, config, setup, [], fresh=True, fork=None)
     assert started.pop() == (None, 0, None), "a new process, as training starts: no prewarm"
+    assert steps.pop() == setup.steps_per_trial == 3, "a first reading settles as any trial does"
+    api._worker_for(799, config, setup, [], fresh=True, fork=None, repeat=True)
+    assert started.pop() == (None, 0, None) and steps.pop() == api.REPEAT_STEPS == 14, "a repeat runs longer"
     api._repeats_side_by_side(799, 2, config, setup, "process_peak", seconds_per_sample=0.004)
     assert started == [(None, 0, None)] * 2, "the answer's repeats are new processes"
+    assert steps == [api.REPEAT_STEPS] * 2, "side by side as well"
+    steps.clear()
     # With no prewarm to time, the trial's deadline is foreseen from the search's own trials.
     assert [worker.deadline_seconds_per_sample for worker in workers[-2:]] == [0.004, 0.004]
     started.clear()
@@ -141,6 +149,7 @@ def test_the_probe_gives_new_process_workers_no_prewarm_and_fork_children_one(mo
     fork.server, fork._progress = "a fork server", print
     api._worker_for(799, config, setup, [], fresh=True, fork=fork)
     assert started == [(8, api.PREWARM_STEPS, "a fork server")], "a fork-server child prewarms at the start batch"
+    assert steps == [3]
 
 
 def test_a_fresh_workers_first_deadline_comes_from_the_slowest_step_per_sample_seen():

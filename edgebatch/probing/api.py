@@ -38,6 +38,7 @@ from edgebatch.probing.outcomes import (
     peak_spread_fraction,
 )
 from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
+from edgebatch.probing.trial import MAX_STEPS_PER_TRIAL
 from edgebatch.probing.worker import (
     BASELINE_FIELDS,
     DEFAULT_INTER_OP_THREADS,
@@ -160,11 +161,26 @@ def prewarm_of(batch: int, start_batch: int, capped: bool, *, new_process: bool,
     return max(1, min(start_batch, batch // 2)), PREWARM_STEPS
 
 
-def _fresh_setup(setup: WorkerSetup, batch: int, start_batch: int, *, new_process: bool) -> WorkerSetup:
-    """`setup` with the prewarm a fresh worker whose first trial runs `batch` gets (prewarm_of)."""
+# A repeat (a batch a fresh worker already read, read again in a new process: the answer's
+# readings, a child's failure read again) stands for training, which runs for many steps, and a
+# process's peak can jump later than the settle rule waits for (trial.resident_peak_settled: three
+# steps without a rise). mobilenet_v2 at 36 on an Intel Xeon, 30 steps in each of 6 new processes
+# (`python tests/support/fresh_step.py mobilenet_v2 36 30 --inter-op-threads=1 --report-steps`,
+# 2026-12-06): a 61-69 MiB jump at step 2 in three, one of 46 MiB at step 7 in one (1,512 to 1,559
+# MiB, over a 1.5 GiB budget), none in two. The benchmark's truth runs 10 steps. So a repeat runs
+# this many timed steps, within --trial-seconds.
+REPEAT_STEPS = MAX_STEPS_PER_TRIAL
+
+
+def _fresh_setup(setup: WorkerSetup, batch: int, start_batch: int, *, new_process: bool,
+                 repeat: bool = False) -> WorkerSetup:
+    """`setup` with the prewarm a fresh worker whose first trial runs `batch` gets (prewarm_of),
+    and for a `repeat` at least REPEAT_STEPS steps."""
     prewarm, steps = prewarm_of(batch, start_batch, capped=bool(setup.address_space_headroom_bytes),
                                 new_process=new_process, inter_op_threads=setup.inter_op_threads)
-    return WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": steps})
+    steps_per_trial = max(setup.steps_per_trial, REPEAT_STEPS) if repeat else setup.steps_per_trial
+    return WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": steps,
+                          "steps_per_trial": steps_per_trial})
 
 
 Progress = Callable[[str], None]
@@ -450,7 +466,8 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
                                                seconds_per_sample=_seconds_per_sample_seen(trials))
             note = f"  (fresh worker, a new process; {missing} side by side)"
         else:
-            worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh, fork=None if repeat else fork)
+            worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh, fork=None if repeat else fork,
+                                 repeat=repeat)
             if worker.step_seconds_per_sample is None:
                 worker.step_seconds_per_sample = _seconds_per_sample_seen(trials)
             reply = worker.run_trial(step.batch)
@@ -505,7 +522,7 @@ def _repeats_side_by_side(batch: int, count: int, config: SearchConfig, setup: W
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    fresh_setup = _fresh_setup(setup, batch, config.start_batch, new_process=True)
+    fresh_setup = _fresh_setup(setup, batch, config.start_batch, new_process=True, repeat=True)
 
     def one(_: int) -> dict:
         # Closed before its thread ends: a worker dies with the thread that started it (PR_SET_PDEATHSIG).
@@ -524,8 +541,9 @@ def _repeats_side_by_side(batch: int, count: int, config: SearchConfig, setup: W
 
 
 def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: list[Worker], fresh: bool = False,
-                fork: _FreshWorkers | None = None) -> Worker:
-    """The live worker whose readings stay right at `batch`, or a fresh one (see worker.py).
+                fork: _FreshWorkers | None = None, repeat: bool = False) -> Worker:
+    """The live worker whose readings stay right at `batch`, or a fresh one (see worker.py); a
+    fresh one for a `repeat` runs REPEAT_STEPS steps (_fresh_setup).
 
     Workers that cannot run this trial (all of them when the search asks for a `fresh` one) are
     closed first: a scout that ran a batch above this one may hold most of the budget in resident
@@ -541,7 +559,7 @@ def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: l
         return usable
 
     def setup_for(new_process: bool) -> WorkerSetup:
-        return _fresh_setup(setup, batch, config.start_batch, new_process=new_process)
+        return _fresh_setup(setup, batch, config.start_batch, new_process=new_process, repeat=repeat)
 
     fresh = fork.start(setup_for) if fork is not None else start_worker(setup_for(True))
     workers.append(fresh)

@@ -7,6 +7,7 @@ training does (see the optimizer below). Prints one JSON line:
 
 usage: python fresh_step.py MODEL_SPEC BATCH STEPS [ADDRESS_SPACE_HEADROOM_BYTES] [--seq-len=TOKENS]
                             [--precision=POLICY] [--optimize=qat|prune] [--inter-op-threads=N] [--report-growth]
+                            [--report-steps]
 
 A model with integer inputs (token ids into an Embedding) trains on random real tokens (ids from 1;
 0 is padding) fed as integers, fixed-length (text_cnn) or not.
@@ -27,6 +28,8 @@ from the process's size after tracing, where an address-space cap is set ("addre
 --inter-op-threads: TensorFlow's inter-op threads (tf.config.threading), set before anything runs; the
 truth for a probe must run what the probe's workers ran (`edgebatch probe` uses 1 by default). Left out,
 TensorFlow keeps its own pool, whose peaks climb over many steps (device_profiles/README.md, "Bumps").
+--report-steps: also print the resident peak (VmHWM) after each step ("peak_bytes_by_step"), to see
+at which step a process's peak jumps (device_profiles/README.md, "Peaks that differ between processes").
 Without these options the step is the one this file always ran (Keras 3, float32, TensorFlow's pool).
 """
 
@@ -59,7 +62,8 @@ def main():
     optimize = _option("--optimize", "none")
     inter_op_threads = _option("--inter-op-threads", None)
     report_growth = "--report-growth" in sys.argv
-    args = [arg for arg in sys.argv if arg != "--report-growth"
+    report_steps = "--report-steps" in sys.argv
+    args = [arg for arg in sys.argv if arg not in ("--report-growth", "--report-steps")
             and not arg.startswith(("--seq-len=", "--precision=", "--optimize=", "--inter-op-threads="))]
     spec, batch, steps = args[1], int(args[2]), int(args[3])
     headroom = int(args[4]) if len(args) > 4 else None
@@ -127,8 +131,11 @@ def main():
         else:
             x = tf.random.uniform((batch, *data_shape))
         y = tf.random.uniform((batch,), 0, classes, tf.int32)
+        by_step = []
         for _ in range(steps):
             train(x, y).numpy()
+            if report_steps:
+                by_step.append(status_bytes("VmHWM"))
     except tf.errors.ResourceExhaustedError as error:
         print(json.dumps({"batch": batch, "ok": False, "peak_bytes": None, "error": str(error)[:200]}))
         return
@@ -136,6 +143,8 @@ def main():
     if report_growth:
         reply["address_space_growth_bytes"] = status_bytes("VmPeak") - size_after_trace
         reply["resident_growth_bytes"] = status_bytes("VmHWM") - resident_after_trace
+    if report_steps:
+        reply["peak_bytes_by_step"] = by_step
     print(json.dumps(reply))
 
 
