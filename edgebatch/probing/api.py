@@ -489,8 +489,7 @@ def _record(trial: Trial, trials: list[Trial], outcomes: list[Outcome], config: 
     band_before = oom_band_seen(outcomes)
     outcomes.append(Outcome(trial.batch, ran=ran, peak_bytes=trial.peak_bytes, fresh=trial.fresh, forked=trial.forked))
     progress(_trial_line(trial) + note)
-    if (config.strategy in ANSWER_CHECKING_STRATEGIES and not band_before and spread_before <= SPREAD_NOISE_FRACTION
-            and oom_band_seen(outcomes)):
+    if config.strategy in ANSWER_CHECKING_STRATEGIES and not band_before and oom_band_seen(outcomes):
         progress(f"  fresh workers both ran and ran out of memory at or below batch {trial.batch}: the edge is a "
                  f"band here, so the answer needs {config.answer_readings * BAND_READINGS_FACTOR} fresh readings")
     spread = peak_spread_fraction(outcomes)
