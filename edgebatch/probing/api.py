@@ -62,10 +62,11 @@ from edgebatch.threads import checked_inter_op_threads
 from edgebatch.units import format_bytes
 from edgebatch.zoo import OPTIMIZATIONS, OPTIMIZERS, PRECISIONS, keras_flavor, parse_model_spec
 
-# A trial fits when its peak is at most the budget less a measurement margin: max_batch must run
-# in any fresh process, not just in the worker that measured it.
 # The strategies that read their answer in fresh workers (search._repeat_answer), and say when it needs more readings.
 ANSWER_CHECKING_STRATEGIES = ("slow_start", CHECKED_BINSEARCH)
+
+# A trial fits when its peak is at most the budget less a measurement margin: max_batch must run
+# in any fresh process, not just in the worker that measured it.
 # With TensorFlow's inter-op pool (--inter-op-threads 0, or more than one thread) the same batch
 # reads differently from one process to the next, more between runs at different times than back
 # to back. small_cnn at 337: at most 1,594.5 MB in the probe worker that answered it, then
