@@ -158,9 +158,9 @@ def trials_to_first_failure(trials):
 
 def test_the_fitted_line_meets_the_edge_in_fewer_trials_than_doubling(small_cnn_profile, tmp_path):
     # What the line buys on real TensorFlow: after three small readings slow_start jumps to just
-    # under the batch the line predicts, where binsearch doubles 8, 16, ..., 512. In the 7da295f
-    # benchmark runs of this scenario slow_start met its first failure at trial 4 or 5, binsearch
-    # at trial 7 (tools/bench/results/results.json).
+    # under the batch the line predicts, where binsearch doubles 8, 16, ..., 512. In the benchmark
+    # runs of this scenario slow_start met its first failure at trial 4 or 5 (7da295f), 4 in five
+    # runs (91c82df, tools/bench/results/results.json); binsearch at trial 7 in every run.
     # The whole search's trial count is not compared here: after the edge is met, the fresh
     # endgame and the small_cnn bump cost slow_start a varying number of trials: 11 and 13 besides
     # its rereads in new processes, against binsearch's 13, in two runs on 2026-12-05/06 (the second
