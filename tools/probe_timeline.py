@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import time
 
+from edgebatch.probing.outcomes import STRATEGIES
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a built-in model name or FILE.py:FUNCTION")
     parser.add_argument("--budget-mib", type=int, required=True, help="resident budget in MiB")
-    parser.add_argument("--strategy", default="slow_start", help="search strategy (default slow_start)")
+    parser.add_argument("--strategy", default="slow_start", choices=STRATEGIES, help="search strategy (default slow_start)")
     args = parser.parse_args()
 
     from edgebatch.probing import api

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from harness import ROOT, log, run_child
-from edgebatch.probing.outcomes import BAND_READINGS_FACTOR, SPREAD_NOISE_FRACTION
+from edgebatch.probing.outcomes import BAND_READINGS_FACTOR, Outcome, levels_seen
 from edgebatch.probing.worker import DEFAULT_INTER_OP_THREADS
 
 FRESH_STEP = ROOT / "tests" / "support" / "fresh_step.py"
@@ -102,10 +102,9 @@ def repeated_check(model_spec: str, batch: int, budget_bytes: int | None, headro
 
 
 def _levels_differ(peaks: list[int | None]) -> bool:
-    """Whether these readings of one batch lie further apart than the noise (max / min - 1 over
-    outcomes.SPREAD_NOISE_FRACTION, the probe's test for peak levels)."""
-    known = [p for p in peaks if p]
-    return len(known) >= 2 and max(known) / min(known) - 1 > SPREAD_NOISE_FRACTION
+    """Whether these readings of one batch, each a new process, lie further apart than the noise:
+    the probe's own test for peak levels (outcomes.levels_seen)."""
+    return levels_seen([Outcome(0, True, peak, fresh=True, forked=False) for peak in peaks if peak])
 
 
 def truth_seconds_left(share_left, section_left, floor_seconds: float = TRUTH_FLOOR_SECONDS, clock=None):
