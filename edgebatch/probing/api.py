@@ -474,7 +474,7 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             reply = worker.run_trial(step.batch)
             fresh = worker.trials_run == 1
             new_trials = [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=fresh,
-                                              forked=worker.forked if fresh else None)]
+                                              forked=worker.forked)]
             forked_otherwise = fork is not None and fork.server is not None
             note = "  (fresh worker, a new process)" if repeat and forked_otherwise else "  (fresh worker)"
         for trial in new_trials:

@@ -133,7 +133,7 @@ class Outcome:
 
     `fresh`: the trial was the first trial batch of its worker process, so nothing kept from
     earlier trials lifted its reading. `measured` is False for a skip: its peak is the model's
-    prediction. `forked`: a fresh trial's worker was a fork-server child (True) or a new process
+    prediction. `forked`: the trial's worker was a fork-server child (True) or a new process
     (False); None when unknown, which counts as a new process.
     """
 

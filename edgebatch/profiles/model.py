@@ -44,8 +44,8 @@ class Trial:
     steady: bool | None = None
     # The sequence length (tokens) of the trial's examples in a probe per length; None otherwise.
     seq_len: int | None = None
-    # A fresh trial's worker: True when forked from the probe's fork server, False when a new
-    # process (as training is); None when not fresh or not recorded (older profiles).
+    # The trial's worker: True when forked from the probe's fork server, False when a new process
+    # (as training is); None when not recorded (older profiles record it on fresh trials only).
     forked: bool | None = None
 
 
