@@ -156,3 +156,77 @@ def test_the_profile_key_and_the_reuse_check_hold_the_lengths():
 def test_seq_lens_are_checked_when_the_request_is():
     with pytest.raises(UsageError, match="seq-lens"):
         ProbeRequest(model="transformer_tiny", seq_lens="64,x").validate()
+
+
+# transformer_tiny under 1 GiB on an AMD EPYC host, two runs of tests/test_probe_per_length_real.py's
+# probe (2026-12-06): (length, batch, peak MiB, fresh, forked) of every measured trial. The scout
+# was a new process at 32 tokens and a fork-server child at 128; near each edge a child's failure
+# was read again in a new process, lower every time: 31.0-31.7 MiB in the first run; 25.6-28.4 MiB
+# at five batches in the second, and 6.4 MiB at the sixth, where the new process drew a high level.
+AMD_TRANSFORMER_TINY_1GIB_RUN1 = [
+    (32, 8, 859.2, True, False), (32, 16, 864.9, False, False), (32, 32, 872.5, False, False),
+    (32, 280, 973.4, True, True), (32, 360, 1006.7, True, True), (32, 376, 1005.4, True, True),
+    (32, 390, 1009.9, True, True), (32, 397, 1008.8, True, True), (32, 404, 1013.8, True, True),
+    (32, 404, 982.9, True, False), (32, 432, 1022.1, True, True), (32, 432, 991.2, True, False),
+    (32, 449, 1027.4, True, True), (32, 440, 1024.4, True, True), (32, 432, 991.1, True, False),
+    (128, 8, 903.8, True, True), (128, 16, 921.5, False, True), (128, 32, 959.6, False, True),
+    (128, 52, 999.8, True, True), (128, 55, 1007.1, True, True), (128, 58, 1015.9, True, True),
+    (128, 58, 984.5, True, False), (128, 61, 1029.2, True, True), (128, 59, 1016.4, True, True),
+    (128, 59, 984.7, True, False), (128, 60, 1027.3, True, True), (128, 59, 984.7, True, False),
+    (128, 60, 996.0, True, False), (128, 61, 996.8, True, False), (128, 65, 1031.4, True, True),
+    (128, 63, 1030.4, True, True), (128, 62, 1029.7, True, True), (128, 61, 998.8, True, False),
+]
+AMD_TRANSFORMER_TINY_1GIB_RUN2 = [
+    (32, 8, 852.3, True, False), (32, 16, 858.1, False, False), (32, 32, 865.6, False, False),
+    (32, 292, 965.6, True, True), (32, 395, 997.1, True, True), (32, 431, 1011.4, True, True),
+    (32, 441, 1013.8, True, True), (32, 441, 986.6, True, False), (32, 473, 1022.9, True, True),
+    (32, 473, 996.1, True, False), (32, 482, 1025.6, True, True), (32, 473, 996.3, True, False),
+    (128, 8, 892.4, True, True), (128, 16, 910.3, False, True), (128, 32, 948.5, False, True),
+    (128, 56, 996.0, True, True), (128, 61, 1017.6, True, True), (128, 61, 1011.2, True, False),
+    (128, 63, 1019.1, True, True), (128, 63, 992.9, True, False), (128, 64, 1019.2, True, True),
+    (128, 64, 993.6, True, False), (128, 65, 1020.0, True, True), (128, 65, 1006.1, True, False),
+    (128, 66, 1024.7, True, True), (128, 65, 991.9, True, False), (128, 65, 992.1, True, False),
+    (128, 65, 991.6, True, False), (128, 65, 994.2, True, False),
+]
+
+
+def replayed_trials(rows, fit_budget_mib=1014):
+    return [Trial(batch=batch, ok=peak <= fit_budget_mib, error=None if peak <= fit_budget_mib else "over_budget",
+                  peak_bytes=int(peak * MIB), process_peak_bytes=int(peak * MIB),
+                  allocator_peak_bytes=None, step_seconds=0.1, samples_per_second=batch / 0.1, fresh=fresh,
+                  forked=forked, seq_len=length)
+            for length, batch, peak, fresh, forked in rows]
+
+
+@pytest.mark.parametrize("rows, lift_mib, edges", [
+    (AMD_TRANSFORMER_TINY_1GIB_RUN1, 31.3, {32: (432, 991.1), 128: (61, 996.8)}),
+    (AMD_TRANSFORMER_TINY_1GIB_RUN2, 26.5, {32: (473, 996.1), 128: (65, 991.6)}),
+])
+def test_childrens_steady_lift_is_taken_off_before_the_token_model_is_fitted(rows, lift_mib, edges):
+    trials = replayed_trials(rows)
+    as_read = token_fit.fit_token_model([(t.batch, t.seq_len, t.peak_bytes) for t in trials])
+    assert not token_fit.trusted(as_read), "two levels in one fit: the runs that failed their real test"
+    assert per_length.child_lift_bytes(trials) == pytest.approx(lift_mib * MIB, abs=0.2 * MIB)
+    model = token_fit.fit_token_model(per_length.token_readings(trials))
+    assert token_fit.trusted(model) and model.r2 >= 0.99
+    # At the level of a new process: the edge's lowest new-process reading sits on it.
+    for length, (batch, peak_mib) in edges.items():
+        assert model.predict_bytes(batch, length) == pytest.approx(peak_mib * MIB, rel=0.01)
+    by_length = {length: ([t for t in trials if t.seq_len == length], batch) for length, (batch, _) in edges.items()}
+    summary = per_length.summarise_lengths(by_length, fit_budget_bytes=1014 * MIB, headroom=0.1, multiple=1)
+    assert token_fit.trusted(summary.token_model)
+
+
+@pytest.mark.parametrize("rows, why", [
+    ([(32, 400, 1013.8, True, True), (32, 400, 982.9, True, False)], "one pair cannot show the lift is steady"),
+    ([(32, 400, 1013.8, True, True), (32, 400, 982.9, True, False),
+      (32, 420, 1100.0, True, True), (32, 420, 990.0, True, False)], "31 and 110 MiB: no steady amount"),
+    ([(32, 400, 1013.8, True, True), (32, 400, 982.9, False, False),
+      (32, 420, 1020.0, True, True), (32, 420, 990.0, False, False)], "a reused worker's reading is no pair"),
+    ([(32, batch, 900.0 + lift, True, True) for batch, lift in zip(range(100, 700, 100), (0, 50, 51, 52, 100, 150))]
+     + [(32, batch, 900.0, True, False) for batch in range(100, 700, 100)], "three of six agree: half is no majority"),
+])
+def test_no_lift_is_taken_without_pairs_that_agree(rows, why):
+    trials = replayed_trials(rows)
+    assert per_length.child_lift_bytes(trials) == 0.0, why
+    assert [peak for _, _, peak in per_length.token_readings(trials)] == [t.peak_bytes for t in trials]
