@@ -48,8 +48,9 @@ from harness import (
     write_section,
 )
 
-from edgebatch.probing import probe, token_fit
+from edgebatch.probing import per_length, probe, token_fit
 from edgebatch.probing.api import fit_budget_bytes
+from edgebatch.profiles import Trial
 from edgebatch.units import parse_size_bytes
 
 SECTION_START = "<!-- seq_len_bench:start -->"
@@ -224,12 +225,16 @@ def _token_model_record(model_fit) -> dict | None:
 
 def token_model_of(data: dict) -> dict | None:
     """The results' token model; where the probe kept none (it keeps only a trusted one), today's fit
-    (token_fit.fit_token_model) of the kept trial readings, marked `refitted` and untrusted (the run
-    predicted nothing with it), to say how far off it was."""
+    (token_fit.fit_token_model of per_length.token_readings: children's readings less their steady
+    lift) of the kept trial readings, marked `refitted` and untrusted (the run predicted nothing
+    with it), to say how far off it was."""
     if data.get("token_model") is not None or not data.get("trial_readings"):
         return data.get("token_model")
-    readings = [(r["batch"], r["length"], r["peak_bytes"]) for r in data["trial_readings"]]
-    record = _token_model_record(token_fit.fit_token_model(readings))
+    trials = [Trial(batch=r["batch"], ok=r.get("ok", True), error=None, peak_bytes=r["peak_bytes"],
+                    process_peak_bytes=r["peak_bytes"], allocator_peak_bytes=None, step_seconds=None,
+                    samples_per_second=None, fresh=bool(r.get("fresh")), forked=r.get("forked"), seq_len=r["length"])
+              for r in data["trial_readings"]]
+    record = _token_model_record(token_fit.fit_token_model(per_length.token_readings(trials)))
     return None if record is None else {**record, "trusted": False, "refitted": True}
 
 
