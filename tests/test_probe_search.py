@@ -7,7 +7,7 @@ import pytest
 
 from edgebatch.errors import UsageError
 from edgebatch.probing.memory_fit import fit_memory_model
-from edgebatch.probing.outcomes import BAND_READINGS_FACTOR, OOM_TRANSIENT_RATIO, SPREAD_NOISE_FRACTION, answer_readings_wanted, edge_of, effective_budget_bytes, levels_seen, oom_band_seen, peak_spread_fraction
+from edgebatch.probing.outcomes import BAND_READINGS_FACTOR, OOM_TRANSIENT_RATIO, SPREAD_NOISE_FRACTION, answer_readings_wanted, child_level_excess, edge_of, effective_budget_bytes, levels_seen, lowest_fresh_readings, oom_band_seen, peak_spread_fraction, steady_lift_bytes
 from edgebatch.probing.search import ANSWER_READINGS, BUMP_CONFIRMATIONS, BUMP_EDGE_FRACTION, CHILD_LIFT_FRACTION, Done, Outcome, Run, SearchConfig, Skip, next_step, usable_model
 
 MIB = 1024**2
@@ -825,6 +825,65 @@ def test_fresh_readings_further_apart_than_the_noise_make_each_new_process_a_dra
     assert not levels_seen([fresh(800, 1267.1, forked=True), fresh(800, 1262.4), fresh(800, 1262.3)])
     band = [Outcome(100, ran=True, peak_bytes=900 * MIB, fresh=True), Outcome(100, ran=False, fresh=True)]
     assert answer_readings_wanted(3, band) == 3 * BAND_READINGS_FACTOR
+
+
+# small_cnn under 1.5 GiB on an AMD EPYC host, slow_start's fresh trials in two probes of
+# tests/test_probe_real.py (2026-12-06): (batch, peak bytes, forked). In the suite's probe children
+# read 338, 332 and 326 33.6-34.0 MiB above new processes and 314 152.1 MiB above; it answered 326,
+# which the test's fresh process then read at 1,547.4 MiB, over the budget. In a probe run alone
+# children read 13.2-13.7 MiB above at every batch read both ways.
+SMALL_CNN_AMD_SUITE = [(8, 851214336, False), (338, 1729613824, True), (338, 1694400512, False),
+                       (345, 1747755008, True), (433, 1906364416, True), (291, 1462181888, True),
+                       (314, 1630236672, True), (314, 1470730240, False), (326, 1529409536, True),
+                       (332, 1714802688, True), (332, 1679470592, False), (326, 1494171648, False),
+                       (326, 1493782528, False)]
+SMALL_CNN_AMD_ALONE = [(8, 811503616, False), (356, 1713668096, True), (356, 1699270656, False),
+                       (363, 1730887680, True), (443, 1693687808, True), (304, 1426337792, True),
+                       (330, 1649037312, True), (330, 1635131392, False), (310, 1437736960, True),
+                       (320, 1456840704, True), (325, 1466515456, True), (325, 1452163072, False),
+                       (325, 1452646400, False)]
+
+
+def fresh_outcomes(rows):
+    return [Outcome(batch, True, peak, fresh=True, forked=forked) for batch, peak, forked in rows]
+
+
+def test_a_child_far_above_the_steady_lift_of_the_others_shows_levels_and_asks_for_six_readings():
+    suite = fresh_outcomes(SMALL_CNN_AMD_SUITE)
+    assert peak_spread_fraction(suite) <= SPREAD_NOISE_FRACTION, "no spread: every child read above its new process"
+    batch, above_lift, lift = child_level_excess(suite)
+    assert batch == 314 and lift == pytest.approx(33.8 * MIB, abs=0.1 * MIB)
+    assert above_lift == pytest.approx(118.3 * MIB, abs=0.1 * MIB)
+    assert levels_seen(suite) and answer_readings_wanted(3, suite) == 3 * BAND_READINGS_FACTOR
+    # It marks levels; it does not lower the budget readings are judged by.
+    without_that_child = [o for o in suite if not (o.batch == 314 and o.forked)]
+    assert effective_budget_bytes(suite, 1536 * MIB) == effective_budget_bytes(without_that_child, 1536 * MIB)
+    alone = fresh_outcomes(SMALL_CNN_AMD_ALONE)
+    assert steady_lift_bytes(*lowest_fresh_readings(alone)) == pytest.approx(13.6 * MIB, abs=0.2 * MIB)
+    assert child_level_excess(alone) is None and not levels_seen(alone)
+    # Without a steady lift (one pair, or pairs that disagree) a child above is not read as levels.
+    assert child_level_excess(fresh_outcomes(SMALL_CNN_AMD_SUITE[6:8])) is None
+    disagree = [(300, 1400 * MIB, False), (300, 1430 * MIB, True), (310, 1405 * MIB, False), (310, 1555 * MIB, True)]
+    assert child_level_excess(fresh_outcomes(disagree)) is None
+
+
+def test_the_probe_says_once_that_a_childs_level_asks_for_more_readings():
+    from edgebatch.probing import api
+    from edgebatch.profiles.model import Trial
+
+    config = SearchConfig(budget_bytes=int(1536 * 0.99 * MIB))
+    trials, outcomes, lines = [], [], []
+    for batch, peak, forked in SMALL_CNN_AMD_SUITE:
+        api._record(Trial(batch=batch, ok=peak <= config.budget_bytes,
+                          error=None if peak <= config.budget_bytes else "over_budget", peak_bytes=peak,
+                          process_peak_bytes=peak, allocator_peak_bytes=None, step_seconds=1.0,
+                          samples_per_second=10.0, fresh=True, forked=forked),
+                    trials, outcomes, config, lines.append, "")
+    said = [line for line in lines if "fork-server child" in line]
+    # Said when 332's new process makes three pairs, two agreeing (the lift then 33.70 MiB).
+    assert said == ["  a fork-server child read batch 314 118.42 MiB above the 33.70 MiB children read over new "
+                    f"processes elsewhere: peaks take levels here, so the answer needs "
+                    f"{ANSWER_READINGS * BAND_READINGS_FACTOR} fresh readings"], lines
 
 
 def mobilenet_v2_unsafe_run():

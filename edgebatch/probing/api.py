@@ -33,7 +33,9 @@ from edgebatch.probing.outcomes import (
     DEFAULT_STRATEGY,
     SPREAD_NOISE_FRACTION,
     answer_readings_wanted,
+    child_level_excess,
     effective_budget_bytes,
+    levels_seen,
     oom_band_seen,
     peak_spread_fraction,
 )
@@ -488,6 +490,7 @@ def _record(trial: Trial, trials: list[Trial], outcomes: list[Outcome], config: 
     ran = trial.ok or trial.error == "over_budget"
     spread_before = peak_spread_fraction(outcomes)
     band_before = oom_band_seen(outcomes)
+    levels_before = levels_seen(outcomes)
     outcomes.append(Outcome(trial.batch, ran=ran, peak_bytes=trial.peak_bytes, fresh=trial.fresh, forked=trial.forked))
     progress(_trial_line(trial) + note)
     if config.strategy in ANSWER_CHECKING_STRATEGIES and not band_before and oom_band_seen(outcomes):
@@ -501,6 +504,13 @@ def _record(trial: Trial, trials: list[Trial], outcomes: list[Outcome], config: 
         progress(f"  fresh workers read batch {trial.batch} {spread:.1%} apart: peaks differ between processes "
                  f"here, so readings must now fit {format_bytes(effective_budget_bytes(outcomes, config.budget_bytes))}"
                  + readings)
+    excess = child_level_excess(outcomes)
+    if (config.strategy in ANSWER_CHECKING_STRATEGIES and excess is not None and not levels_before
+            and not band_before and spread <= SPREAD_NOISE_FRACTION):
+        batch, above_lift, lift = excess
+        progress(f"  a fork-server child read batch {batch} {format_bytes(above_lift)} above the "
+                 f"{format_bytes(lift)} children read over new processes elsewhere: peaks take levels here, so the "
+                 f"answer needs {answer_readings_wanted(config.answer_readings, outcomes)} fresh readings")
 
 
 def _seconds_per_sample_seen(trials: list[Trial]) -> float | None:

@@ -16,13 +16,12 @@ callable it is given (api._search).
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Callable, Sequence
 
 from edgebatch.errors import UsageError
 from edgebatch.probing import summary, token_fit
 from edgebatch.probing.memory_fit import prior_through_readings
-from edgebatch.probing.outcomes import SPREAD_NOISE_FRACTION, SearchConfig
+from edgebatch.probing.outcomes import SearchConfig, steady_lift_bytes
 from edgebatch.profiles.model import LengthCeiling, MemoryModel, TokenMemoryModel, Trial
 from edgebatch.zoo import SEQUENCE_MODEL_MAX_LENGTHS, ModelSpec
 
@@ -97,12 +96,6 @@ def search_lengths(lengths: Sequence[int], config: SearchConfig, setup, workers:
     return {length: results[length] for length in sorted(results)}
 
 
-# The fewest (batch, length) pairs read fresh both in a fork-server child and in a new process
-# that can show whether children read a steady amount above new processes (child_lift_bytes): two
-# differences can disagree, one cannot.
-MIN_LIFT_PAIRS = 2
-
-
 def token_readings(trials: Sequence[Trial]) -> list[token_fit.TokenReading]:
     """(batch, length, peak) of every trial with a length that measured a peak, over budget or not,
     at the level of a new process: a trial in a fork-server child less child_lift_bytes."""
@@ -114,37 +107,27 @@ def token_readings(trials: Sequence[Trial]) -> list[token_fit.TokenReading]:
 
 
 def child_lift_bytes(trials: Sequence[Trial]) -> float:
-    """How far fork-server children read above new processes, where that is one steady amount; else 0.0.
+    """How far fork-server children read above new processes, where that is one steady amount
+    (outcomes.steady_lift_bytes over the (batch, length) pairs read fresh both ways); else 0.0.
 
-    Measured on the (batch, length) pairs read fresh both ways (each way's lowest reading): the
-    median difference, when more than half the pairs, and MIN_LIFT_PAIRS or more, lie within
-    outcomes.SPREAD_NOISE_FRACTION of the new processes' peaks of it. transformer_tiny under 1 GiB
-    on an AMD EPYC host (tests/test_probe_per_length_real.py, two runs): the scout was a new
-    process at 32 tokens and a child at 128, and children read 31.0-31.7 MiB above new processes
-    at all six pairs of one run, 25.6-28.4 MiB at five of six in the other (the sixth new process
-    drew a high level). Fitted over both levels, the token model read r2 0.928 and 0.955, under
-    token_fit.MIN_FIT_R2, and no model was recorded; with the children's readings moved down by
-    the lift it read r2 0.996 and 0.998 (tests/test_probe_per_length.py replays both). Differences
-    with no majority that agree (a child or a new process drawing one of two levels at random, as
-    transformer_tiny's on an Intel Xeon host: token_fit.fit_token_model) are no steady amount, and
-    the low-level fit handles them.
+    transformer_tiny under 1 GiB on an AMD EPYC host (tests/test_probe_per_length_real.py, two
+    runs): the scout was a new process at 32 tokens and a child at 128, and children read
+    31.0-31.7 MiB above new processes at all six pairs of one run, 25.6-28.4 MiB at five of six in
+    the other (the sixth new process drew a high level). Fitted over both levels, the token model
+    read r2 0.928 and 0.955, under token_fit.MIN_FIT_R2, and no model was recorded; with the
+    children's readings moved down by the lift it read r2 0.996 and 0.998
+    (tests/test_probe_per_length.py replays both). Differences with no agreeing majority (a child
+    or a new process drawing one of two levels at random, as transformer_tiny's on an Intel Xeon
+    host: token_fit.fit_token_model) are no steady amount, and the low-level fit handles them.
     """
-    lowest: dict[bool, dict[tuple[int, int | None], int]] = {True: {}, False: {}}
+    lowest: dict[bool, dict[tuple[int, int | None], float]] = {True: {}, False: {}}
     for t in trials:
         if t.fresh and t.measured and t.peak_bytes is not None and t.forked is not None:
             side = lowest[bool(t.forked)]
             key = (t.batch, t.seq_len)
-            side[key] = min(t.peak_bytes, side.get(key, t.peak_bytes))
-    pairs = sorted(lowest[True].keys() & lowest[False].keys(), key=str)
-    if len(pairs) < MIN_LIFT_PAIRS:
-        return 0.0
-    differences = [lowest[True][key] - lowest[False][key] for key in pairs]
-    lift = statistics.median(differences)
-    agreement = SPREAD_NOISE_FRACTION * min(lowest[False][key] for key in pairs)
-    agreeing = sum(abs(difference - lift) <= agreement for difference in differences)
-    if agreeing < MIN_LIFT_PAIRS or 2 * agreeing <= len(differences):
-        return 0.0
-    return float(lift)
+            side[key] = min(float(t.peak_bytes), side.get(key, float(t.peak_bytes)))
+    lift = steady_lift_bytes(lowest[True], lowest[False])
+    return 0.0 if lift is None else lift
 
 
 @dataclasses.dataclass(frozen=True)
