@@ -245,7 +245,9 @@ def steady_lift_bytes(children: Mapping[Hashable, float], new_processes: Mapping
     MIN_LIFT_PAIRS or more, lie within SPREAD_NOISE_FRACTION of the new processes' peaks of it. On
     an AMD EPYC host children read 13.2-13.7 MiB above new processes at every such batch of
     small_cnn in two probes, and 33.6-34.0 MiB at three of four in a third (the fourth:
-    child_level_excess); transformer_tiny, 25-32 MiB (per_length.child_lift_bytes).
+    child_level_excess); transformer_tiny, 25-32 MiB in two probes and 5.5-6.9 MiB in three later
+    that day (per_length.child_lift_bytes). The amount is the host's at the time, so it is measured
+    in each probe, never carried over.
     """
     shared = sorted(children.keys() & new_processes.keys(), key=str)
     if len(shared) < MIN_LIFT_PAIRS:
@@ -278,10 +280,10 @@ def child_level_excess(outcomes: Sequence[Outcome]) -> tuple[int, float, float] 
     Such a child drew a higher level, and new processes can too: small_cnn under 1.5 GiB on an AMD
     EPYC host (tests/test_probe_real.py in the suite, 2026-12-06) read 338, 332 and 326 33.6-34.0
     MiB higher in children than in new processes, and 314 152.1 MiB higher (1,554.7 against
-    1,402.6 MiB: 118.3 MiB above the lift). The probe read its answer, 326, in three processes at 1,424.6-1,458.6 MiB; the
-    test's fresh process then read it at 1,547.4 MiB, over the budget. A reading above every new
-    process is still not spread (peak_spread_fraction): it marks levels, and the answer's readings
-    double; it does not lower the budget.
+    1,402.6 MiB: 118.3 MiB above the lift). The probe read its answer, 326, in three processes at
+    1,424.6-1,458.6 MiB; the test's fresh process then read it at 1,547.4 MiB, over the budget. A
+    reading above every new process is still not spread (peak_spread_fraction): it marks levels,
+    and the answer's readings double; it does not lower the budget.
     """
     children, new_processes = lowest_fresh_readings(outcomes)
     lift = steady_lift_bytes(children, new_processes)
