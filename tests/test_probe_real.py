@@ -104,9 +104,10 @@ def fits_in_new_processes(spec, batch, budget_bytes, rereads=2):
     One batch near small_cnn's band reads one of two levels at random on an AMD EPYC host, with one
     malloc arena too: 326 under 1.5 GiB read 1,386.7-1,387.8 MiB in 14 of 14 quiet fresh
     processes and 1,510.0 MiB in 1 of 4 beside two busy loops (2026-12-06); in the suite's truth
-    process it read 1,547.4 MiB, over the budget, where the probe's three new processes had read it
-    at about 1.39 GiB. The probe reads its answer in three new processes, six where it sees levels,
-    and says that lowers the risk of a high draw, not to zero (README). So a single high draw at
+    process it read 1,547.4 MiB, over the budget, where the probe had read it at 1,424.6-1,458.6
+    MiB (a fork-server child and two new processes). The probe reads its answer three times, six
+    where it sees levels, and says that lowers the risk of a high draw, not to zero (README). So a
+    single high draw at
     the answer is read again, and the answer stands only if every reread fits: an answer over the
     budget in most processes still fails.
     """
