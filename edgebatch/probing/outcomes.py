@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from edgebatch.errors import UsageError
@@ -261,15 +261,20 @@ def steady_lift_bytes(children: Mapping[Hashable, float], new_processes: Mapping
     return float(lift)
 
 
+def lowest_by_worker_kind(readings: Iterable[tuple[Hashable, float, bool]]) -> tuple[dict, dict]:
+    """(children's, new processes') lowest reading of each key, from (key, peak, forked) fresh readings."""
+    children: dict = {}
+    new_processes: dict = {}
+    for key, peak, forked in readings:
+        side = children if forked else new_processes
+        side[key] = min(float(peak), side.get(key, math.inf))
+    return children, new_processes
+
+
 def lowest_fresh_readings(outcomes: Sequence[Outcome]) -> tuple[dict[int, float], dict[int, float]]:
     """(children's, new processes') lowest fresh reading of each batch; `forked` None is neither."""
-    children: dict[int, float] = {}
-    new_processes: dict[int, float] = {}
-    for o in outcomes:
-        if o.fresh and o.reading and o.peak_bytes > 0 and o.forked is not None:
-            side = children if o.forked else new_processes
-            side[o.batch] = min(float(o.peak_bytes), side.get(o.batch, math.inf))
-    return children, new_processes
+    return lowest_by_worker_kind((o.batch, o.peak_bytes, o.forked) for o in outcomes
+                                 if o.fresh and o.reading and o.peak_bytes > 0 and o.forked is not None)
 
 
 def child_level_excess(outcomes: Sequence[Outcome]) -> tuple[int, float, float] | None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from edgebatch.errors import UsageError
 from edgebatch.probing import summary, token_fit
 from edgebatch.probing.memory_fit import prior_through_readings
-from edgebatch.probing.outcomes import SearchConfig, steady_lift_bytes
+from edgebatch.probing.outcomes import SearchConfig, lowest_by_worker_kind, steady_lift_bytes
 from edgebatch.profiles.model import LengthCeiling, MemoryModel, TokenMemoryModel, Trial
 from edgebatch.zoo import SEQUENCE_MODEL_MAX_LENGTHS, ModelSpec
 
@@ -120,13 +120,11 @@ def child_lift_bytes(trials: Sequence[Trial]) -> float:
     or a new process drawing one of two levels at random, as transformer_tiny's on an Intel Xeon
     host: token_fit.fit_token_model) are no steady amount, and the low-level fit handles them.
     """
-    lowest: dict[bool, dict[tuple[int, int | None], float]] = {True: {}, False: {}}
-    for t in trials:
-        if t.fresh and t.measured and t.peak_bytes is not None and t.forked is not None:
-            side = lowest[bool(t.forked)]
-            key = (t.batch, t.seq_len)
-            side[key] = min(float(t.peak_bytes), side.get(key, float(t.peak_bytes)))
-    lift = steady_lift_bytes(lowest[True], lowest[False])
+    children, new_processes = lowest_by_worker_kind(
+        ((t.batch, t.seq_len), t.peak_bytes, t.forked) for t in trials
+        if t.fresh and t.measured and t.peak_bytes is not None and t.forked is not None
+    )
+    lift = steady_lift_bytes(children, new_processes)
     return 0.0 if lift is None else lift
 
 
