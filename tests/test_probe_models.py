@@ -70,13 +70,25 @@ def processes_with_marker(marker):
     return found
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """In the child before exec: Ctrl-C's default, as a probe run from a terminal has it.
+
+    A job a non-interactive shell starts in the background (`pytest ... &`, as CI ran the suite
+    once) inherits SIGINT ignored; Python then installs no KeyboardInterrupt handler, and the
+    probe, like any program, rightly ignores the signal: the test waited 60 s for an exit that
+    could not come.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_workers_and_writes_nothing(tmp_path):
     marker = f"EDGEBATCH_TEST_MARK={uuid.uuid4()}"
     env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
     args = [sys.executable, "-m", "edgebatch", "probe", "--model", "small_cnn", "--memory-budget", "3GiB",
             "--device", "CPU:0", "--profiles-dir", str(tmp_path)]
-    process = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=_ctrl_c_as_at_a_terminal)
     deadline = time.time() + 300
     seen = []
     for line in process.stderr:  # wait until trials are running
