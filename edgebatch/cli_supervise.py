@@ -56,6 +56,8 @@ def _write_json(path: str, data: dict) -> None:
     try:
         temporary.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(temporary, target)
-    except OSError as error:
+    except BaseException as error:  # Ctrl-C or SIGTERM mid-write too (cli_errors.Terminated): no temporary left
         temporary.unlink(missing_ok=True)
-        raise click.ClickException(f"cannot write the report to {path!r}: {error.strerror or error}") from None
+        if isinstance(error, OSError):
+            raise click.ClickException(f"cannot write the report to {path!r}: {error.strerror or error}") from None
+        raise

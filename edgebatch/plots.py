@@ -62,7 +62,12 @@ def plot_profile(profile, output: str | Path) -> Path:
     figure.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(output.name + ".tmp.png")
-    figure.savefig(temporary, dpi=110)
-    plt.close(figure)
-    temporary.replace(output)  # no half-written picture if interrupted
+    try:
+        figure.savefig(temporary, dpi=110)
+        temporary.replace(output)  # no half-written picture if interrupted
+    except BaseException:  # a failed or interrupted save (Ctrl-C, SIGTERM) leaves no temporary either
+        temporary.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(figure)
     return output

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -122,3 +123,18 @@ def test_profile_plot_writes_a_png(runner, tmp_path):
     assert not list(out.parent.glob("*.tmp.png"))
     bad = runner.invoke(main, ["profile", "plot", str(path), "-o", str(tmp_path / "p.jpg")])
     assert bad.exit_code == 2 and ".png" in bad.output
+
+
+def test_a_plot_stopped_mid_save_leaves_no_temporary_and_no_picture(runner, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    def stopped_mid_save(self, target, **kwargs):
+        Path(target).write_bytes(b"\x89PNG half")
+        raise KeyboardInterrupt  # what Ctrl-C, or SIGTERM under handle_errors (Terminated), raises
+
+    path = save_profile(make_profile(), tmp_path)
+    monkeypatch.setattr(Figure, "savefig", stopped_mid_save)
+    out = tmp_path / "plots" / "p.png"
+    result = runner.invoke(main, ["profile", "plot", str(path), "-o", str(out)])
+    assert result.exit_code == 130 and "interrupted" in result.output
+    assert list(out.parent.iterdir()) == []

@@ -151,6 +151,20 @@ def test_cli_writes_the_report_as_json(tmp_path):
     assert not ran.exists()  # refused before the command ran
 
 
+def test_a_report_write_stopped_midway_leaves_no_temporary(tmp_path, monkeypatch):
+    original = Path.write_text
+
+    def stopped_midway(self, text, *args, **kwargs):
+        original(self, text[:5], *args, **kwargs)
+        raise KeyboardInterrupt  # what Ctrl-C, or SIGTERM under handle_errors (Terminated), raises
+
+    path = tmp_path / "report.json"
+    monkeypatch.setattr(Path, "write_text", stopped_midway)
+    result = CliRunner().invoke(main, ["supervise", "--report", str(path), "--", sys.executable, "-c", "pass"])
+    assert result.exit_code == 130 and "interrupted" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_cli_forwards_stop_signals_and_does_not_restart(tmp_path, signum):
     ready, got = tmp_path / "ready", tmp_path / "got-signal"
