@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -97,6 +98,22 @@ def test_marker_writes_only_on_change_and_reads_back(tmp_path):
     clear_running_marker(tmp_path / "ckpt")
     clear_running_marker(tmp_path / "ckpt")  # already gone: fine
     assert read_running_micro_batch(tmp_path / "ckpt") is None
+
+
+def test_a_marker_write_stopped_midway_leaves_no_temporary_and_the_old_marker(tmp_path, monkeypatch):
+    marker = RunningMarker(tmp_path)
+    marker.note(32)
+    original = Path.write_text
+
+    def stopped_midway(self, text, *args, **kwargs):
+        original(self, text[:5], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", stopped_midway)
+    with pytest.raises(KeyboardInterrupt):
+        marker.note(16)
+    assert [p.name for p in tmp_path.iterdir()] == [MARKER_FILE]
+    assert read_running_micro_batch(tmp_path) == 32
 
 
 @pytest.mark.parametrize("text", ["", "{", "[]", '{"micro_batch": 0}', '{"micro_batch": "8"}', '{"micro_batch": true}'])

@@ -51,8 +51,11 @@ class RunningMarker:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             temporary.write_text(json.dumps({"micro_batch": int(micro_batch), "pid": os.getpid()}))
             os.replace(temporary, self.path)
-        except OSError as exc:
-            raise TrainingError(f"cannot write the running micro-batch marker {str(self.path)!r}: {exc}") from exc
+        except BaseException as exc:  # Ctrl-C mid-write too: no temporary left beside the checkpoints
+            temporary.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise TrainingError(f"cannot write the running micro-batch marker {str(self.path)!r}: {exc}") from exc
+            raise
         self._written = micro_batch
 
 
