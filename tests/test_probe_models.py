@@ -73,10 +73,10 @@ def processes_with_marker(marker):
 def _stop_signals_as_at_a_terminal() -> None:
     """In the child before exec: SIGINT's and SIGTERM's defaults, as a probe run from a terminal has them.
 
-    A job a non-interactive shell starts in the background (`pytest ... &`, as CI ran the suite
-    once) inherits SIGINT ignored; Python then installs no KeyboardInterrupt handler, and the
-    probe, like any program, rightly ignores the signal: the test waited 60 s for an exit that
-    could not come. (`edgebatch` likewise leaves an ignored SIGTERM ignored: cli_errors.sigterm_raises.)
+    A job a non-interactive shell starts in the background (`pytest ... &`) inherits SIGINT
+    ignored; Python then installs no KeyboardInterrupt handler, and the probe, like any program,
+    rightly ignores the signal. CI's run of the suite at 3fb105c failed exactly so (the test
+    waited 60 s for an exit that could not come), and pytest started with `&` here did the same. (`edgebatch` likewise leaves an ignored SIGTERM ignored: cli_errors.sigterm_raises.)
     """
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
