@@ -7,13 +7,14 @@ registers it. Thin: parse, call `edgebatch.training.supervisor.supervise`, exit 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import click
 
 from edgebatch.cli_errors import handle_errors
+from edgebatch.errors import EdgebatchError
+from edgebatch.files import write_atomically
 from edgebatch.training.supervisor import DEFAULT_MAX_RESTARTS
 
 
@@ -50,14 +51,8 @@ def supervise(max_restarts, checkpoint_dir, report_path, command):
 
 
 def _write_json(path: str, data: dict) -> None:
-    """Replace `path` atomically: a reader never sees half a report."""
-    target = Path(path)
-    temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    """Replace `path` atomically: a reader never sees half a report (files.write_atomically)."""
     try:
-        temporary.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(temporary, target)
-    except BaseException as error:  # Ctrl-C or SIGTERM mid-write too (cli_errors.Terminated): no temporary left
-        temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise click.ClickException(f"cannot write the report to {path!r}: {error.strerror or error}") from None
-        raise
+        write_atomically(Path(path), json.dumps(data, indent=2) + "\n")
+    except EdgebatchError as error:
+        raise click.ClickException(f"cannot write the report: {error}") from None

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from profile_factory import GIB, make_profile, make_trial
 
 from edgebatch.cli import main
+from edgebatch import files
 from edgebatch.fleet import cli_report
 from edgebatch.fleet.report import (
     DUPLICATE,
@@ -304,7 +305,7 @@ def test_cli_html_is_written_whole_and_says_where(runner, fleet, monkeypatch):
     def fail(*_args, **_kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cli_report.os, "fsync", fail)
+    monkeypatch.setattr(files.os, "fsync", fail)
     again = runner.invoke(main, ["fleet", "report", "--no-plots", "--html", str(target), str(fleet / "fleet")])
     assert again.exit_code == 1
     assert "cannot write" in again.output and "No space left on device" in again.output

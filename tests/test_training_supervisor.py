@@ -151,15 +151,22 @@ def test_cli_writes_the_report_as_json(tmp_path):
     assert not ran.exists()  # refused before the command ran
 
 
+def stopped_before_renaming_to(target, monkeypatch):
+    """os.replace raises KeyboardInterrupt (what Ctrl-C, or SIGTERM under handle_errors, raises) for `target`:
+    the temporary is written and not yet renamed."""
+    real = os.replace
+
+    def stopped(source, destination, *args, **kwargs):
+        if Path(destination) == target:
+            raise KeyboardInterrupt
+        return real(source, destination, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", stopped)
+
+
 def test_a_report_write_stopped_midway_leaves_no_temporary(tmp_path, monkeypatch):
-    original = Path.write_text
-
-    def stopped_midway(self, text, *args, **kwargs):
-        original(self, text[:5], *args, **kwargs)
-        raise KeyboardInterrupt  # what Ctrl-C, or SIGTERM under handle_errors (Terminated), raises
-
     path = tmp_path / "report.json"
-    monkeypatch.setattr(Path, "write_text", stopped_midway)
+    stopped_before_renaming_to(path, monkeypatch)
     result = CliRunner().invoke(main, ["supervise", "--report", str(path), "--", sys.executable, "-c", "pass"])
     assert result.exit_code == 130 and "interrupted" in result.output
     assert list(tmp_path.iterdir()) == []

@@ -103,13 +103,14 @@ def test_marker_writes_only_on_change_and_reads_back(tmp_path):
 def test_a_marker_write_stopped_midway_leaves_no_temporary_and_the_old_marker(tmp_path, monkeypatch):
     marker = RunningMarker(tmp_path)
     marker.note(32)
-    original = Path.write_text
+    real = os.replace
 
-    def stopped_midway(self, text, *args, **kwargs):
-        original(self, text[:5], *args, **kwargs)
-        raise KeyboardInterrupt
+    def stopped_before_the_rename(source, destination, *args, **kwargs):
+        if Path(destination) == tmp_path / MARKER_FILE:
+            raise KeyboardInterrupt
+        return real(source, destination, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "write_text", stopped_midway)
+    monkeypatch.setattr(os, "replace", stopped_before_the_rename)
     with pytest.raises(KeyboardInterrupt):
         marker.note(16)
     assert [p.name for p in tmp_path.iterdir()] == [MARKER_FILE]

@@ -9,8 +9,6 @@ terminal, and the page escapes everything through Jinja2.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import unicodedata
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +17,7 @@ import click
 
 from edgebatch.cli_errors import handle_errors
 from edgebatch.errors import EdgebatchError
+from edgebatch.files import write_atomically
 from edgebatch.fleet.report import (
     DUPLICATE,
     OUTLIER,
@@ -74,37 +73,6 @@ def report(locations, html_path, as_json, no_plots):
 def _progress(location: str, profiles: int, invalid: int) -> None:
     if profiles + invalid >= PROGRESS_MIN_FILES:
         click.echo(f"read {profiles} profiles and {invalid} invalid files from {terminal_text(location)}", err=True)
-
-
-def write_atomically(path: Path, text: str) -> Path:
-    """Write `text` to `path` through a temporary file in the same directory and one rename.
-
-    On any failure (including Ctrl-C) the temporary file is removed and an existing `path` is left
-    as it was. Raises EdgebatchError with the OS's reason when the directory is missing or not writable.
-    """
-    path = path.expanduser()
-    try:
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise EdgebatchError(f"cannot write {path}: {error.strerror or error}") from error
-    replaced = False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-        replaced = True
-    except OSError as error:
-        raise EdgebatchError(f"cannot write {path}: {error.strerror or error}") from error
-    finally:
-        if not replaced:
-            try:
-                os.unlink(temporary)
-            except FileNotFoundError:
-                pass
-    return path
 
 
 def terminal_text(text: object, limit: int | None = None) -> str:

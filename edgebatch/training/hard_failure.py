@@ -10,7 +10,7 @@ before it starts a child, reads it after the child died by a signal, and starts 
 
 The recorded size is the largest piece of the current split (the governor's size, or the whole
 update when it is smaller), not a short remainder piece: the size that sets the memory peak.
-The file is replaced atomically (`os.replace`), so a reader never sees half of it; it is not
+The file is replaced atomically (files.write_atomically), so a reader never sees half of it; it is not
 fsynced, since it has to survive the death of the process, not of the machine. No TensorFlow here.
 """
 
@@ -20,7 +20,8 @@ import json
 import os
 from pathlib import Path
 
-from edgebatch.errors import TrainingError, UsageError
+from edgebatch.errors import EdgebatchError, TrainingError, UsageError
+from edgebatch.files import write_atomically
 
 __all__ = [
     "ENV_HARD_FAILURE_MICRO_BATCH",
@@ -46,16 +47,11 @@ class RunningMarker:
         """Record `micro_batch` as the size running from now on (one small file write per change)."""
         if micro_batch == self._written:
             return
-        temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps({"micro_batch": int(micro_batch), "pid": os.getpid()}))
-            os.replace(temporary, self.path)
-        except BaseException as exc:  # Ctrl-C mid-write too: no temporary left beside the checkpoints
-            temporary.unlink(missing_ok=True)
-            if isinstance(exc, OSError):
-                raise TrainingError(f"cannot write the running micro-batch marker {str(self.path)!r}: {exc}") from exc
-            raise
+            write_atomically(self.path, json.dumps({"micro_batch": int(micro_batch), "pid": os.getpid()}), fsync=False)
+        except (OSError, EdgebatchError) as exc:
+            raise TrainingError(f"cannot write the running micro-batch marker {str(self.path)!r}: {exc}") from exc
         self._written = micro_batch
 
 
