@@ -622,7 +622,7 @@ def test_an_out_of_memory_failure_in_a_fresh_worker_is_a_transient_only_below_ha
 
 def simulate_with_fork_server(config, peak_of, limit=80):
     """Drive the search as api._search starts its workers: a fresh trial of a batch a fresh worker
-    already read runs in a new process, other fresh trials are fork-server children, and the first
+    already read, or one the search asks of a new process, runs in a new process, other fresh trials are fork-server children, and the first
     worker (the scout) is a new process. peak_of(batch, forked) is the reading (forked: None for
     the scout's reused trials). Returns (the Done step, the outcomes, {batch: readings asked} for
     each batch read again, as first asked)."""
@@ -635,7 +635,7 @@ def simulate_with_fork_server(config, peak_of, limit=80):
             outcomes.append(Outcome(step.batch, ran=False, peak_bytes=step.predicted_peak_bytes, measured=False))
             continue
         again = any(o.batch == step.batch and o.fresh and o.measured for o in outcomes)
-        forked = (not again and bool(outcomes)) if step.fresh else None
+        forked = (not again and not step.new_process and bool(outcomes)) if step.fresh else None
         if step.fresh and again and step.batch not in rereads:
             rereads[step.batch] = step.readings
         outcomes.append(Outcome(step.batch, ran=True, peak_bytes=peak_of(step.batch, forked), fresh=step.fresh,
@@ -688,6 +688,37 @@ def test_a_childs_near_miss_that_bounds_the_answer_is_read_again_in_a_new_proces
     assert all(o.peak_bytes <= budget * (1 + CHILD_LIFT_FRACTION) for o in outcomes
                if o.forked and o.batch in rereads), outcomes
     assert sum(1 for o in outcomes if o.batch == step.max_batch and o.fresh) == ANSWER_READINGS
+
+
+def test_a_predicted_failure_just_over_the_budget_is_confirmed_in_a_new_process_at_once():
+    """transformer_tiny at 128 tokens under 1 GiB (tests/test_probe_per_length_real.py, AMD EPYC,
+    2026-12-06): near the edge the line put each next batch just over the budget, a child confirming
+    it read 1-8 MiB over, and a new process then fitted it: 91 to 96 one sample at a time, 12 fresh
+    trials for 6 batches. Children here read 6.5 MiB above new processes (0.6%). A predicted failure
+    the line puts within CHILD_LIFT_FRACTION over the budget is read in a new process at once; one
+    further out is still read in a child (it costs no TensorFlow import)."""
+    budget = int(1024 * MIB * 0.99)
+    jitter_mib = [0, 1.5, -1.0, 0.5, -1.5, 1.0, 0.0, -0.5]
+
+    def peak(batch, forked):
+        new_process = 830 + 2.0 * batch + jitter_mib[batch % 8]
+        return int((new_process + (6.5 if forked else 0)) * MIB)
+
+    step, outcomes, _ = simulate_with_fork_server(SearchConfig(budget_bytes=budget), peak)
+    truth = max(b for b in range(1, 500) if peak(b, forked=False) <= budget)
+    assert step.max_batch == truth == 92, (step, outcomes)
+    skipped = {o.batch for o in outcomes if not o.measured}
+    confirmations = [o for o in outcomes if o.batch in skipped and o.fresh and o.measured]
+    assert confirmations and all(o.forked is False for o in confirmations), outcomes
+
+    def steep(batch, forked):  # one sample is 2.5% of the budget: the line puts 29 at 1,025 MiB, 1.1% over
+        return int((300 + 25.0 * batch + (6.5 if forked else 0)) * MIB)
+
+    step, outcomes, _ = simulate_with_fork_server(SearchConfig(budget_bytes=budget), steep)
+    skipped = {o.batch for o in outcomes if not o.measured}
+    confirmations = [o for o in outcomes if o.batch in skipped and o.fresh and o.measured]
+    assert confirmations and all(o.forked for o in confirmations), outcomes
+    assert step.max_batch == max(b for b in range(1, 500) if steep(b, forked=False) <= budget)
 
 
 def test_a_childs_failure_the_line_already_puts_over_budget_is_not_read_again_as_a_bump():

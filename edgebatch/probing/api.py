@@ -455,9 +455,10 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
         # A repeat of a batch a fresh worker already read runs in a new process, not a fork-server
         # child: children of one server read alike (mobilenet_v2 at 31: three children at 1.48 GiB),
         # where new processes, like the training they stand for, differ (device_profiles/README.md,
-        # "Peaks that differ between processes").
+        # "Peaks that differ between processes"). So does a first reading the search asks of a new
+        # process (Run.new_process), with a repeat's steps.
         tried = sum(1 for o in outcomes if o.batch == step.batch and o.fresh and o.measured)
-        repeat = step.fresh and tried > 0
+        repeat = step.fresh and (tried > 0 or step.new_process)
         missing = step.readings if repeat else 1
         if missing > 1 and fork is not None and fork.side_by_side(missing):
             # What is left of the repeats runs at once, each in its own new process: their imports

@@ -162,11 +162,15 @@ class Run:
     `readings`: how many fresh workers read the batch, where a fresh worker already read it (a
     repeat): each is a new process, side by side where the device has room (api._search). A first
     reading of a batch is always one trial.
+    `new_process`: a fresh first reading that runs in a new process, as a repeat does, rather than
+    in a fork-server child (search._fresh_endgame: where a child's reading would be read again in
+    a new process anyway).
     """
 
     batch: int
     fresh: bool = False
     readings: int = 1
+    new_process: bool = False
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
         over = [o.peak_bytes for o in outcomes if o.batch == hi and o.reading]
         step = _bisect(config, lo, hi, model, min(over, default=None))
     if config.strategy == "slow_start" and config.fresh_endgame:
-        step = _fresh_endgame(step, outcomes, hi, model)
+        step = _fresh_endgame(config, step, outcomes, hi, model)
         if isinstance(step, Done) and model is not None:
             step = _clear_of_bump(config, outcomes, step, hi, model)
         if isinstance(step, Done):
@@ -296,14 +296,26 @@ def _is_bump(config: SearchConfig, outcomes: Sequence[Outcome], model: MemoryMod
             and bump_excess_bytes(model, readings_of(outcomes), batch, peak_bytes) > 0)
 
 
-def _fresh_endgame(step: Step, outcomes: Sequence[Outcome], hi: int | None, model: MemoryModel | None) -> Step:
-    """Trials run fresh once the model is trusted; the failure bounding the answer must be fresh."""
+def _fresh_endgame(config: SearchConfig, step: Step, outcomes: Sequence[Outcome], hi: int | None,
+                   model: MemoryModel | None) -> Step:
+    """Trials run fresh once the model is trusted; the failure bounding the answer must be fresh.
+
+    That failure is read in a new process at once where the line puts it within CHILD_LIFT_FRACTION
+    over the budget: a fork-server child's reading there is over the budget or a near miss, and a
+    near miss is read again in a new process anyway (_reread_childs_failure), so the child's trial
+    is spent for nothing. Where children read above new processes that happened at every step:
+    transformer_tiny at 128 tokens under 1 GiB (tests/test_probe_per_length_real.py, AMD EPYC,
+    2026-12-06) stepped from 91 to 96 one sample at a time, each step a child over the budget by
+    1-8 MiB and then a new process within it, 12 fresh trials for 6 batches.
+    """
     if isinstance(step, Run) and model is not None:
         return Run(step.batch, fresh=True)
     if isinstance(step, Done) and step.max_batch and hi is not None:
         confirmed = any(o.batch == hi and o.fresh and o.measured for o in outcomes)
         if not confirmed:
-            return Run(hi, fresh=True)
+            near_miss = model is not None and (
+                config.budget_bytes < model.predict_bytes(hi) <= config.budget_bytes * (1 + CHILD_LIFT_FRACTION))
+            return Run(hi, fresh=True, new_process=near_miss)
     return step
 
 
