@@ -357,6 +357,18 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
     assert started == ["a fork server", None, None, None]
     assert [trial.forked for trial in trials] == [True, False, False, False]
 
+    # Five missing on a machine with room and cores for two at a time: two side by side, and the
+    # search (here its script) asks again for what is left.
+    Fork.side_by_side = lambda self, count: count <= 2
+    started.clear()
+    lines = []
+    script = iter([Run(300, fresh=True), Run(300, fresh=True, readings=5), Run(300, fresh=True, readings=3),
+                   Run(300, fresh=True, readings=1), Done(300)])
+    trials, done = api._search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lines.append,
+                               fork=Fork())
+    assert started == ["a fork server"] + [None] * 5
+    assert sum("2 side by side" in line for line in lines) == 4, lines
+
 
 def test_the_malloc_arena_limit_is_read_as_glibc_reads_it():
     from edgebatch.malloc_arenas import malloc_arena_max_in_effect

@@ -122,6 +122,19 @@ def test_a_hung_trial_whose_swap_grew_is_a_failed_trial(monkeypatch):
         worker.close()
 
 
+def test_a_stopping_probe_kills_a_worker_mid_trial_without_waiting_for_it(monkeypatch):
+    """Ctrl-C or SIGTERM during a trial (api.probe closes its workers `at_once`): Ctrl-C took 5.3 s
+    to return while close waited for the trial to end (CLOSE_WAIT_SECONDS)."""
+    monkeypatch.setattr(worker_module, "CLOSE_WAIT_SECONDS", 60.0)
+    worker = fake_worker("hang")
+    worker.process.stdin.write(b'{"batch": 8}\n')  # a trial that will not end by itself
+    worker.process.stdin.flush()
+    started = time.monotonic()
+    worker.close(at_once=True)
+    assert time.monotonic() - started < 30  # not the 60 s wait
+    assert worker.process.returncode == -signal.SIGKILL
+
+
 def test_a_worker_that_never_gets_ready_is_stopped_at_the_startup_deadline():
     started = time.monotonic()
     with pytest.raises(ProbeError, match=r"not ready within 1 s"):

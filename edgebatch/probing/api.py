@@ -358,6 +358,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
     scout = start_worker(setup)
     workers: list[Worker] = [scout]
     fork = None
+    stopping = False
     try:
         model_facts = scout.facts
         # The worker says what its trials measure (worker.measure_of) and, on a GPU NVML does not
@@ -409,9 +410,13 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             by_length = per_length.search_lengths(lengths, config, setup, workers, measure, progress, fork, _search)
         else:
             trials, final = _search(config, setup, workers, measure, progress, fork)
+    except BaseException:
+        # Ctrl-C, SIGTERM or an error: a worker in the middle of a trial is killed, not waited for.
+        stopping = True
+        raise
     finally:
         for worker in workers:
-            worker.close()
+            worker.close(at_once=stopping)
         if fork is not None:
             fork.close()  # after its children: they die with it
     if lengths:
@@ -460,15 +465,17 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
         tried = sum(1 for o in outcomes if o.batch == step.batch and o.fresh and o.measured)
         repeat = step.fresh and (tried > 0 or step.new_process)
         missing = step.readings if repeat else 1
-        if missing > 1 and fork is not None and fork.side_by_side(missing):
-            # What is left of the repeats runs at once, each in its own new process: their imports
-            # overlap, and the machine has room for them (_FreshWorkers.side_by_side).
+        together = _side_by_side_count(missing, fork)
+        if together > 1:
+            # What is left of the repeats runs as many at once as the machine has room and cores
+            # for, each in its own new process: their imports overlap (_FreshWorkers.side_by_side).
+            # The search then asks for what is still missing, unless a reading failed.
             for worker in workers:
                 worker.close()
             workers.clear()
-            new_trials = _repeats_side_by_side(step.batch, missing, config, setup, measure,
+            new_trials = _repeats_side_by_side(step.batch, together, config, setup, measure,
                                                seconds_per_sample=_seconds_per_sample_seen(trials))
-            note = f"  (fresh worker, a new process; {missing} side by side)"
+            note = f"  (fresh worker, a new process; {together} side by side)"
         else:
             worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh, fork=None if repeat else fork,
                                  repeat=repeat)
@@ -512,6 +519,15 @@ def _record(trial: Trial, trials: list[Trial], outcomes: list[Outcome], config: 
         progress(f"  a fork-server child read batch {batch} {format_bytes(above_lift)} above the "
                  f"{format_bytes(lift)} children read over new processes elsewhere: peaks take levels here, so the "
                  f"answer needs {answer_readings_wanted(config.answer_readings, outcomes)} fresh readings")
+
+
+def _side_by_side_count(missing: int, fork: _FreshWorkers | None) -> int:
+    """How many of `missing` repeats run at once: the most the fork server's machine has room and
+    cores for (_FreshWorkers.side_by_side), 1 where that is none. Six readings on two cores run as
+    three pairs, where asking for all six at once ran five of them one by one."""
+    if fork is None:
+        return 1
+    return next((count for count in range(missing, 1, -1) if fork.side_by_side(count)), 1)
 
 
 def _seconds_per_sample_seen(trials: list[Trial]) -> float | None:

@@ -59,6 +59,9 @@ TRIAL_DEADLINE_PER_STEP = 10
 # The worker learns its parent's pid from here, to notice a parent that died before the worker
 # could ask to die with it (see _die_with_parent).
 PARENT_PID_ENV = "EDGEBATCH_PROBE_PARENT_PID"
+# How long Worker.close waits for a worker to exit by itself once its input is closed: an idle one
+# exits at once; one in the middle of a trial finishes it first.
+CLOSE_WAIT_SECONDS = 5.0
 
 
 def trial_deadline_seconds(trial_seconds: float, expected_step_seconds: float | None = None) -> float:
@@ -255,15 +258,21 @@ class Worker:
             return f"worker killed by signal {signal.Signals(-code).name}"
         return f"worker exited with code {code}"
 
-    def close(self) -> None:
+    def close(self, *, at_once: bool = False) -> None:
+        """End the worker: it exits by itself when its input closes (within CLOSE_WAIT_SECONDS, or
+        it is killed); `at_once` kills it without waiting, for a probe that is stopping on an
+        error or an interrupt (a worker in the middle of a trial would finish it first)."""
         if self.process.poll() is None:
             try:
                 self.process.stdin.close()
             except OSError:
                 pass
             try:
-                self.process.wait(timeout=5)
+                if not at_once:
+                    self.process.wait(timeout=CLOSE_WAIT_SECONDS)
             except subprocess.TimeoutExpired:
+                pass
+            if self.process.poll() is None:
                 self.process.kill()
                 self.process.wait()
         for stream in (self.process.stdin, self.process.stdout):
