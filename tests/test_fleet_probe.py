@@ -1,11 +1,12 @@
 """`edgebatch fleet probe` on a real local Ray cluster, and the pure pieces it stands on.
 
 The cluster tests start Ray nodes on this machine with ray.cluster_utils.Cluster (no mocks of
-Ray): each node gets its own EDGEBATCH_MEMORY_BUDGET in its environment, so their probes answer
-differently, and one node gets a budget below what a TensorFlow worker holds, so it fails while
+Ray): each node gets its own EDGEBATCH_MEMORY_BUDGET in its environment, which its probe and
+profile record, and one node gets a budget below what a TensorFlow worker holds, so it fails while
 the others land. The model is tests/models/dense_wide.py (~2.3 MiB per sample over a ~700 MiB
-worker): under 1 GiB it answered 133 here, under 1.25 GiB 255, so the two ceilings sit far apart
-compared with the 1-2% that peaks move between processes.
+worker): under 1 GiB it answered 133 here, under 1.25 GiB 255. The searches are limited to
+batches both budgets fit: what these tests check is the fleet's plumbing, and the probe's answers
+are checked in tests/test_probe_real.py.
 """
 
 from __future__ import annotations
@@ -148,10 +149,14 @@ def test_fleet_probe_writes_one_profile_per_node_and_reports_the_failing_one(clu
     cluster.wait_for_nodes()
     collection = tmp_path / "profiles"
     done = subprocess.run(
-        # One reading of each answer: this checks the fleet's plumbing, not the answers' safety, and a
-        # repeat is a new process with a TensorFlow import on each node.
+        # This checks the fleet's plumbing, not the answers: each node's own budget reaches its probe
+        # (recorded in its profile; the 100 MiB node fails on it), profiles land per node, and the
+        # report merges them. So one reading of each answer (a repeat is a new process with a
+        # TensorFlow import on each node), and a search limit of 64, which both budgets fit
+        # (dense_wide answered 133 under 1 GiB): the searches stop there instead of at their edges,
+        # whose endgame cost this test 60-80 s on a 2-core host.
         [sys.executable, "-m", "edgebatch", "fleet", "probe", "--address", cluster.address, "--model", DENSE_WIDE,
-         "--profiles-dir", str(collection), "--json", "--answer-readings", "1"],
+         "--profiles-dir", str(collection), "--json", "--answer-readings", "1", "--max-batch-limit", "64"],
         capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert done.returncode == 1, done.stderr[-3000:]
@@ -176,15 +181,15 @@ def test_fleet_probe_writes_one_profile_per_node_and_reports_the_failing_one(clu
         assert profile.max_batch == row["max_batch"]
         profiles[node.node_id] = profile
     assert not (collection / "nodes" / label_of(broken)).exists()
-    # 1 GiB answered 133 and 1.25 GiB 255 here; the budgets differ by 256 MiB, ~110 samples.
-    assert profiles[large.node_id].max_batch > profiles[small.node_id].max_batch * 1.4
+    assert [profile.max_batch for profile in profiles.values()] == [64, 64]  # the limit, which both fit
 
     report = subprocess.run([sys.executable, "-m", "edgebatch", "fleet", "report", str(collection), "--json"],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
     merged = json.loads(report.stdout)
-    # Two Ray nodes on one machine are two devices to the report, not copies of one.
-    assert merged["duplicates"] == [] and merged["outliers"] != []
+    # Two Ray nodes on one machine are two devices to the report, not copies of one; with one answer
+    # they are no outliers either (tests/test_fleet_report.py covers outliers).
+    assert merged["duplicates"] == [] and merged["outliers"] == []
     assert sorted(row["max_batch"] for row in merged["rows"]) == sorted(p.max_batch for p in profiles.values())
 
 
