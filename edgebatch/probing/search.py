@@ -34,7 +34,9 @@ Strategies:
   (memory_fit.bump_excess_bytes) while the line puts it within the budget is a bump, not the
   ceiling: a bump only fork-server children read is read again in a new process first
   (_reread_childs_failure, which does the same for a child's failure within CHILD_LIFT_FRACTION
-  over the budget), then up to two fresh trials higher up look past it (_confirm_above_bump).
+  over the budget; a predicted failure the line puts that close over it is confirmed in a new
+  process at once, _fresh_endgame), then up to two fresh trials higher up look past it
+  (_confirm_above_bump).
   If one fits, the bump is contradicted and the search goes on above it; if they fail too, the
   bump stands as the ceiling, and the answer keeps config.bump_edge_fraction below it
   (_clear_of_bump): with TensorFlow's inter-op pool, where a bump begins differs between processes.
