@@ -369,6 +369,20 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
     assert started == ["a fork server"] + [None] * 5
     assert sum("2 side by side" in line for line in lines) == 4, lines
 
+    # A first reading asked of a new process (search._fresh_endgame) is one, with a repeat's steps,
+    # where the fork server would give a child; without one, a plain fresh worker.
+    steps = []
+    monkeypatch.setattr(api, "start_worker", lambda setup, server=None: steps.append(setup.steps_per_trial)
+                        or start_worker(setup, server))
+    for fork, wanted_steps, note in ((Fork(), api.REPEAT_STEPS, "(fresh worker, a new process)"),
+                                     (None, WorkerSetup(model_spec="small_cnn").steps_per_trial, "(fresh worker)")):
+        started.clear()
+        steps.clear()
+        lines = []
+        script = iter([Run(300, fresh=True, new_process=True), Done(300)])
+        api._search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lines.append, fork=fork)
+        assert started == [None] and steps == [wanted_steps] and lines[-1].endswith(note), (steps, lines)
+
 
 def test_the_malloc_arena_limit_is_read_as_glibc_reads_it():
     from edgebatch.malloc_arenas import malloc_arena_max_in_effect

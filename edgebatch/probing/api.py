@@ -461,9 +461,11 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
         # child: children of one server read alike (mobilenet_v2 at 31: three children at 1.48 GiB),
         # where new processes, like the training they stand for, differ (device_profiles/README.md,
         # "Peaks that differ between processes"). So does a first reading the search asks of a new
-        # process (Run.new_process), with a repeat's steps.
+        # process (Run.new_process) where a fork server would otherwise give a child, with a
+        # repeat's steps; without a fork server every fresh worker is a new process anyway.
+        forked_otherwise = fork is not None and fork.server is not None
         tried = sum(1 for o in outcomes if o.batch == step.batch and o.fresh and o.measured)
-        repeat = step.fresh and (tried > 0 or step.new_process)
+        repeat = step.fresh and (tried > 0 or (step.new_process and forked_otherwise))
         missing = step.readings if repeat else 1
         together = _side_by_side_count(missing, fork)
         if together > 1:
@@ -485,7 +487,6 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             fresh = worker.trials_run == 1
             new_trials = [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=fresh,
                                               forked=worker.forked)]
-            forked_otherwise = fork is not None and fork.server is not None
             note = "  (fresh worker, a new process)" if repeat and forked_otherwise else "  (fresh worker)"
         for trial in new_trials:
             _record(trial, trials, outcomes, config, progress, note if trial.fresh else "")
