@@ -72,6 +72,11 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
                           "the budget readings must fit and the search goes on below; 1 turns the repeats off. Twice "
                           "as many once readings of one batch differ by more than 1%, or fresh workers both run and "
                           "run out of memory near the edge (a band, seen under hard limits)."),
+        click.option("--tolerance", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+                     default=_DEFAULTS.tolerance, show_default=True,
+                     help="How close the search brackets the edge: it stops once the last batch that fits and the "
+                          "first that fails lie within this share of the one that fits (or one --multiple). Larger is "
+                          "quicker and may answer up to that much lower."),
         click.option("--seq-lens", default=None, metavar="L1,L2,...",
                      help="Sequence lengths in tokens to probe a model with a variable sequence axis at, e.g. "
                           "64,128,256,512: the ceiling at each and a token memory model for any length. Default for "

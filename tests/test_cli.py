@@ -41,6 +41,7 @@ def test_help_is_instant_and_imports_no_tensorflow():
         (["probe", "--memory-budget", "lots"], "cannot read memory size"),
         (["probe", "--device", "TPU:0"], "unknown device"),
         (["probe", "--headroom", "1.5"], "--headroom"),
+        (["probe", "--tolerance", "0"], "--tolerance"),
         (["probe", "--precision", "int4"], "--precision"),
         (["probe", "--start", "0"], "--start"),
         (["probe", "--max-batch", "4", "--multiple", "8", "--memory-budget", "1GiB"], "--max-batch"),

@@ -55,6 +55,7 @@ def test_another_start_reuses_it_moves_the_path_not_the_answer():
         ({"headroom": 0.5}, "--headroom 0.1, this probe asks for 0.5"),
         ({"inter_op_threads": 0}, "--inter-op-threads 1, this probe asks for 0"),
         ({"answer_readings": 1}, "--answer-readings 3, this probe asks for 1"),
+        ({"tolerance": 0.05}, "--tolerance 0.02, this probe asks for 0.05"),
     ],
 )
 def test_a_setting_that_changes_the_answer_probes_again(change, fragment):
@@ -179,6 +180,23 @@ def test_a_profile_from_before_the_answer_was_repeated_counts_as_one_reading():
     assert SEARCH["answer_readings"] == 3, "the probe's default: the answer read in three fresh workers"
     assert "--answer-readings 1, this probe asks for 3" in problem(search=older)
     assert problem(search=older, answer_readings=1) is None
+
+
+def test_a_profile_from_before_the_tolerance_was_a_setting_counts_as_two_percent():
+    """The committed device profiles record no tolerance: the default probe still reuses them."""
+    older = {key: value for key, value in SEARCH.items() if key != "tolerance"}
+    assert SEARCH["tolerance"] == 0.02
+    assert problem(search=older) is None
+    assert "--tolerance 0.02, this probe asks for 0.05" in problem(search=older, tolerance=0.05)
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 1.0, -0.1])
+def test_a_tolerance_outside_zero_to_one_is_refused_before_any_trial(tolerance, tmp_path):
+    from edgebatch.probing import probe
+
+    with pytest.raises(UsageError, match=r"--tolerance must be in \(0, 1\)"):
+        probe("mlp", device="CPU:0", tolerance=tolerance, profiles_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_memory_limit_under_the_total_is_part_of_the_device_fingerprint(monkeypatch):

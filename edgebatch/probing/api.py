@@ -31,6 +31,7 @@ from edgebatch.probing.outcomes import (
     DEFAULT_MAX_BATCH_LIMIT,
     DEFAULT_START_BATCH,
     DEFAULT_STRATEGY,
+    DEFAULT_TOLERANCE,
     SPREAD_NOISE_FRACTION,
     answer_readings_wanted,
     child_level_excess,
@@ -217,6 +218,8 @@ class ProbeRequest:
     inter_op_threads: int = DEFAULT_INTER_OP_THREADS
     # Fresh readings of the answer before slow_start gives it (outcomes.ANSWER_READINGS).
     answer_readings: int = ANSWER_READINGS
+    # How close the search brackets the edge, as a share of the answer (outcomes.DEFAULT_TOLERANCE).
+    tolerance: float = DEFAULT_TOLERANCE
     strategy: str = DEFAULT_STRATEGY
     worker_address_space_headroom_bytes: int | None = None
     # Sequence lengths (tokens) to probe a model with a variable sequence axis at: "64,128,256" or
@@ -238,6 +241,7 @@ class ProbeRequest:
             "trial_seconds": self.trial_seconds,
             "inter_op_threads": self.inter_op_threads,
             "answer_readings": self.answer_readings,
+            "tolerance": self.tolerance,
             # The workers inherit this process's environment (edgebatch/malloc_arenas.py).
             "malloc_arena_max": malloc_arena_max_in_effect(),
         }
@@ -254,6 +258,8 @@ class ProbeRequest:
             raise UsageError(f"unknown --optimize {self.optimize!r}: choose one of {', '.join(OPTIMIZATIONS)}")
         if not 0 <= self.headroom < 1:
             raise UsageError(f"--headroom must be in [0, 1), got {self.headroom!r}")
+        if not 0 < self.tolerance < 1:
+            raise UsageError(f"--tolerance must be in (0, 1), e.g. 0.05 for 5%, got {self.tolerance!r}")
         if self.steps_per_trial < 1:
             raise UsageError(f"--steps-per-trial must be >= 1, got {self.steps_per_trial!r}")
         if self.start < 1:
@@ -286,8 +292,8 @@ def probe(
     `model` is a built-in name, "FILE.py:FUNCTION", a ".keras" path, or a Keras model object (saved
     to a temporary .keras file for the worker). `options` are ProbeRequest's fields, with its
     defaults: device, memory_budget, allow_overcommit, precision, optimizer, optimize, start, max_batch_limit,
-    multiple, headroom, steps_per_trial, trial_seconds, inter_op_threads, strategy, worker_address_space_headroom_bytes,
-    seq_lens. The ceiling holds for training run with the same `inter_op_threads` (default 1, one
+    multiple, headroom, steps_per_trial, trial_seconds, inter_op_threads, answer_readings, tolerance, strategy,
+    worker_address_space_headroom_bytes, seq_lens. The ceiling holds for training run with the same `inter_op_threads` (default 1, one
     TensorFlow inter-op thread: set_inter_op_threads in edgebatch; device_profiles/README.md).
     A model with a variable sequence axis (transformer_tiny, lstm_small, your own with an input of
     shape (None,)) is probed per length: `seq_lens` ("64,128,256" or ints; a built-in's default is
@@ -335,6 +341,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         start_batch=request.start,
         max_batch_limit=request.max_batch_limit,
         multiple=request.multiple,
+        tolerance=request.tolerance,
         strategy=request.strategy,
         refuse_predicted_over_budget=facts.kind == "CPU",
         bump_edge_fraction=bump_edge_fraction(request.inter_op_threads),

@@ -34,6 +34,9 @@ STRATEGIES = ("slow_start", "binsearch", CHECKED_BINSEARCH, "power", "shrink_x0.
 DEFAULT_START_BATCH = 8
 DEFAULT_MAX_BATCH_LIMIT = 4096
 DEFAULT_STRATEGY = "slow_start"
+# The search stops when the last fit and the first failure lie within this share of the last fit
+# (or one `multiple`): the answer is then at most about this far under the edge it brackets.
+DEFAULT_TOLERANCE = 0.02
 # slow_start: an answer keeps this far below a bump that bounds it (a failure that reads above the
 # line by more than the noise, and that nothing above contradicted), when where the bump begins
 # moves from one process to the next, as it does with TensorFlow's inter-op pool. small_cnn on an
@@ -83,8 +86,8 @@ class SearchConfig:
     # The largest batch the search may try; the answer (`Done.max_batch`) is at most this.
     max_batch_limit: int = DEFAULT_MAX_BATCH_LIMIT
     multiple: int = 1
-    # Stop bisecting when the interval is within 2% of the answer (or one `multiple`).
-    tolerance: float = 0.02
+    # Stop bisecting when the interval is within this share of the answer (or one `multiple`).
+    tolerance: float = DEFAULT_TOLERANCE
     strategy: str = DEFAULT_STRATEGY
     # The first jump lands this far under the predicted ceiling: the fit from a few small batches
     # can be off by a few percent (docs/tensorflow-memory.md, "Peak is jagged in batch size":

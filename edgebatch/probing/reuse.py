@@ -7,7 +7,8 @@ key); what is left is everything else that changes the answer:
 - the search settings: the batch limit, the multiple, the strategy, the steps and seconds a trial
   runs, TensorFlow's inter-op threads in the workers (a profile without the field was measured
   with TensorFlow's own pool, 0), the fresh readings of the answer (without the field: 1), glibc's
-  malloc arena limit in the probe's environment (without the field: unset), and the headroom (it decides `safe_batch`). `start` is left out:
+  malloc arena limit in the probe's environment (without the field: unset), the search's tolerance
+  (without the field: 2%), and the headroom (it decides `safe_batch`). `start` is left out:
   it changes where the search begins, not where it ends. A profile that records no `search`
   settings (written by a version before they were recorded) is not reused.
 - the budget, explicit or default, within BUDGET_TOLERANCE_FRACTION. A default budget is the RAM
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from edgebatch import malloc_arenas
+from edgebatch.probing.outcomes import DEFAULT_TOLERANCE
 from edgebatch.threads import UNRECORDED_INTER_OP_THREADS
 from edgebatch.units import format_bytes
 
@@ -38,6 +40,7 @@ ANSWER_SETTINGS = {
     "seq_lens": "--seq-lens",
     "inter_op_threads": "--inter-op-threads",
     "answer_readings": "--answer-readings",
+    "tolerance": "--tolerance",
     # glibc's malloc arena limit in the probe's environment (edgebatch/malloc_arenas.py).
     "malloc_arena_max": "the malloc arena limit",
 }
@@ -45,7 +48,9 @@ ANSWER_SETTINGS = {
 # answer was read once before repeats were made).
 # How a setting's value reads in the one-line reason, where str() does not say it.
 VALUE_TEXT = {"malloc_arena_max": malloc_arenas.describe}
-UNRECORDED_SETTINGS = {"inter_op_threads": UNRECORDED_INTER_OP_THREADS, "answer_readings": 1, "malloc_arena_max": None}
+UNRECORDED_SETTINGS = {"inter_op_threads": UNRECORDED_INTER_OP_THREADS, "answer_readings": 1, "malloc_arena_max": None,
+                       # Always 2% before it could be set.
+                       "tolerance": DEFAULT_TOLERANCE}
 
 
 def reuse_problem(
