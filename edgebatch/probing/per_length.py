@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from edgebatch.errors import UsageError
 from edgebatch.probing import summary, token_fit
 from edgebatch.probing.memory_fit import prior_through_readings
-from edgebatch.probing.outcomes import SearchConfig, lowest_by_worker_kind, steady_lift_bytes
+from edgebatch.probing.outcomes import MIN_LIFT_PAIRS, SearchConfig, lowest_by_worker_kind, steady_lift_bytes
 from edgebatch.profiles.model import LengthCeiling, MemoryModel, TokenMemoryModel, Trial
 from edgebatch.zoo import SEQUENCE_MODEL_MAX_LENGTHS, ModelSpec
 
@@ -119,12 +119,25 @@ def child_lift_bytes(trials: Sequence[Trial]) -> float:
     (tests/test_probe_per_length.py replays both). Differences with no agreeing majority (a child
     or a new process drawing one of two levels at random, as transformer_tiny's on an Intel Xeon
     host: token_fit.fit_token_model) are no steady amount, and the low-level fit handles them.
+
+    Where fewer than MIN_LIFT_PAIRS batches were read both ways, the lift is the children's offset
+    in one fit over every reading of known kind (token_fit.children_offset_bytes), when that fit is
+    trusted and the offset positive. Since fac9320 the search reads a batch the line puts just over
+    the budget in a new process at once, not first in a child, so such pairs are fewer: the two runs
+    above, with every batch read both ways left to its child's reading alone, give 31.5 and 25.5 MiB
+    that way (tests/test_probe_per_length.py).
     """
     children, new_processes = lowest_by_worker_kind(
         ((t.batch, t.seq_len), t.peak_bytes, t.forked) for t in trials
         if t.fresh and t.measured and t.peak_bytes is not None and t.forked is not None
     )
     lift = steady_lift_bytes(children, new_processes)
+    if lift is None and len(children.keys() & new_processes.keys()) < MIN_LIFT_PAIRS:
+        offset = token_fit.children_offset_bytes(
+            (t.batch, t.seq_len, t.peak_bytes, t.forked) for t in trials
+            if t.seq_len and t.measured and t.peak_bytes is not None and t.forked is not None
+        )
+        lift = offset if offset is not None and offset > 0 else None
     return 0.0 if lift is None else lift
 
 

@@ -165,6 +165,42 @@ def _fit_rows(rows: list[tuple[float, float, float]]) -> TokenMemoryModel | None
     )
 
 
+def children_offset_bytes(rows: Iterable[tuple[float, float, float, bool]]) -> float | None:
+    """How far fork-server children read above new processes, as the offset of one least-squares fit
+    of peak on (1, B x L, B x L^2, child) over (batch, length, peak, child) readings; None where
+    either kind has fewer than two (batch, length) pairs, the readings cover fewer than two lengths,
+    or that fit is not straight enough to trust (MIN_FIT_R2) or does not grow with tokens.
+
+    It needs no batch read both ways: per_length.child_lift_bytes asks it only where fewer than
+    outcomes.MIN_LIFT_PAIRS such pairs were read. Each (batch, length, kind) counts at its lowest
+    reading, as fit_token_model's pairs do.
+    """
+    lowest: dict[tuple[int, int, bool], float] = {}
+    for batch, length, peak, child in rows:
+        key = (int(batch), int(length), bool(child))
+        lowest[key] = min(float(peak), lowest.get(key, math.inf))
+    children = sum(1 for (_, _, child) in lowest if child)
+    if len({length for _, length, _ in lowest}) < 2 or children < 2 or len(lowest) - children < 2:
+        return None
+    keys = sorted(lowest)
+    peaks = [lowest[key] for key in keys]
+    columns = [[1.0] * len(keys), [float(b * length) for b, length, _ in keys],
+               [float(b * length * length) for b, length, _ in keys], [1.0 if child else 0.0 for _, _, child in keys]]
+    solution = _least_squares(columns, peaks)
+    if solution is None:
+        return None
+    fixed, a, b, offset = solution
+    predicted = [fixed + a * column_a + b * column_b + offset * column_c
+                 for column_a, column_b, column_c in zip(columns[1], columns[2], columns[3])]
+    mean = sum(peaks) / len(peaks)
+    total = sum((peak - mean) ** 2 for peak in peaks)
+    residual = sum((peak - guess) ** 2 for peak, guess in zip(peaks, predicted))
+    r2 = 1.0 if total == 0 else 1.0 - residual / total
+    if r2 < MIN_FIT_R2 or a + b <= 0:
+        return None
+    return offset
+
+
 def trusted(model: TokenMemoryModel | None) -> bool:
     """Readings at two lengths or more, enough of them, straight enough, growing with batch."""
     return (
