@@ -27,11 +27,15 @@ def profile(tmp_path_factory):
     lines = []
     directory = tmp_path_factory.mktemp("profiles")
     # One reading of each length's answer: the readings are not what this checks, and each more is
-    # a new process with a TensorFlow import. The children's failures near each edge are still read
-    # again in new processes, which gives the token model the pairs it measures children's lift on
-    # (per_length.child_lift_bytes: 5-8 pairs in each of three runs so on an AMD EPYC host).
+    # a new process with a TensorFlow import. Near each edge the search reads in new processes and
+    # elsewhere in fork-server children, and the token model takes the children's lift off first
+    # (per_length.child_lift_bytes: from batches read both ways, else fitted; children read 5-7
+    # MiB above new processes in the runs of 2026-12-06 and 25-32 MiB in two runs the day before).
+    # A 5% tolerance: near each edge this model's readings move by 1-2 samples between processes,
+    # and at 2% the search at 128 tokens stepped one sample at a time from 91 to 96, a new
+    # process each (AMD EPYC, 2026-12-06): the fixture took 121-146 s, 65 s at 5%.
     found = probe("transformer_tiny", device="CPU:0", memory_budget=BUDGET, seq_lens=LENGTHS, trial_seconds=1.0,
-                  profiles_dir=directory, progress=lines.append, answer_readings=1)
+                  profiles_dir=directory, progress=lines.append, answer_readings=1, tolerance=0.05)
     print("\n".join(lines))
     return found, directory
 
