@@ -168,8 +168,8 @@ def _fit_rows(rows: list[tuple[float, float, float]]) -> TokenMemoryModel | None
 def children_offset_bytes(rows: Iterable[tuple[float, float, float, bool]]) -> float | None:
     """How far fork-server children read above new processes, as the offset of one least-squares fit
     of peak on (1, B x L, B x L^2, child) over (batch, length, peak, child) readings; None where
-    either kind has fewer than two (batch, length) pairs, the readings cover fewer than two lengths,
-    or that fit is not straight enough to trust (MIN_FIT_R2) or does not grow with tokens.
+    either kind read fewer than two (batch, length) points, the readings cover fewer than two
+    lengths, or that fit is not straight enough to trust (MIN_FIT_R2) or does not grow with tokens.
 
     It needs no batch read both ways: per_length.child_lift_bytes asks it only where fewer than
     outcomes.MIN_LIFT_PAIRS such pairs were read. Each (batch, length, kind) counts at its lowest
