@@ -33,7 +33,7 @@ def profile(tmp_path_factory):
     # MiB above new processes in the runs of 2026-12-06 and 25-32 MiB in two runs the day before).
     # A 5% tolerance: near each edge this model's readings move by 1-2 samples between processes,
     # and at 2% the search at 128 tokens stepped one sample at a time from 91 to 96, a new
-    # process each (AMD EPYC, 2026-12-06): the fixture took 121-146 s, 65 s at 5%.
+    # process each (AMD EPYC, 2026-12-06): the fixture took 121-146 s, and 47-85 s in five runs at 5%.
     found = probe("transformer_tiny", device="CPU:0", memory_budget=BUDGET, seq_lens=LENGTHS, trial_seconds=1.0,
                   profiles_dir=directory, progress=lines.append, answer_readings=1, tolerance=0.05)
     print("\n".join(lines))
