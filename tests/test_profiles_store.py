@@ -8,6 +8,7 @@ import stat
 import filelock
 import pytest
 
+import edgebatch.files as files
 import edgebatch.profiles.store as store
 from edgebatch.errors import ProfileError, UsageError
 from edgebatch.profiles import (
@@ -51,21 +52,23 @@ def test_overwrite_replaces_the_profile(tmp_path):
     assert load_profile(path).probe_seconds == 2.0
 
 
-def _partial_dump(data, handle, **kwargs):
-    handle.write('{"schema_version": 1, "created_at": ')
-    raise ValueError("serialisation failed midway")
+def _failing_dumps(data, **kwargs):
+    raise ValueError("serialisation failed")
 
 
-def _interrupted_dump(data, handle, **kwargs):
-    handle.write('{"schema_version": 1, ')
+def _interrupted_fsync(fd):
+    # The temporary file holds the whole text, not yet flushed to disk nor renamed over the profile.
     raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize(("failing_dump", "raised"), [(_partial_dump, ValueError), (_interrupted_dump, KeyboardInterrupt)])
-def test_failed_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monkeypatch, failing_dump, raised):
+@pytest.mark.parametrize(("patched", "failing", "raised"), [
+    (store.json, ("dumps", _failing_dumps), ValueError),
+    (files.os, ("fsync", _interrupted_fsync), KeyboardInterrupt),
+])
+def test_failed_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monkeypatch, patched, failing, raised):
     path = save_profile(make_profile(probe_seconds=1.0), tmp_path)
     before = path.read_bytes()
-    monkeypatch.setattr(store.json, "dump", failing_dump)
+    monkeypatch.setattr(patched, *failing)
     with pytest.raises(raised):
         save_profile(make_profile(probe_seconds=2.0), tmp_path)
     monkeypatch.undo()
@@ -75,9 +78,10 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monke
 
 
 def test_failed_first_write_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(store.json, "dump", _partial_dump)
-    with pytest.raises(ValueError):
+    monkeypatch.setattr(files.os, "fsync", _interrupted_fsync)
+    with pytest.raises(KeyboardInterrupt):
         save_profile(make_profile(), tmp_path)
+    monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.glob("*.json")) == []
     assert _leftovers(tmp_path) == []
 

@@ -16,11 +16,11 @@ import json
 import os
 import re
 import socket
-import tempfile
 import uuid
 from pathlib import Path
 
-from edgebatch.errors import ProfileError, UsageError
+from edgebatch.errors import EdgebatchError, ProfileError, UsageError
+from edgebatch.files import fsync_directory, write_atomically
 from edgebatch.profiles.location import ProfileURL, as_location, open_url, remote_errors
 from edgebatch.profiles.model import DeviceProfile
 from edgebatch.profiles.schema import REPROBE_FIX, SAFE_NAME_RE, profile_problem
@@ -129,8 +129,11 @@ def save_profile(
             f"could not lock {lock_path} within {lock_timeout_seconds:g} s: another process is writing "
             f"this profile; wait for it to finish and try again"
         ) from error
-    except OSError as error:
-        raise ProfileError(f"cannot write device profile {path}: {error.strerror or error}") from error
+    except ProfileError:
+        raise
+    except (OSError, EdgebatchError) as error:  # files.write_atomically's carries the OSError as its cause
+        reason = error.__cause__ if isinstance(error.__cause__, OSError) else error
+        raise ProfileError(f"cannot write device profile {path}: {getattr(reason, 'strerror', None) or reason}") from error
     return path
 
 
@@ -308,49 +311,11 @@ def _reject_constant(name: str) -> float:
 
 
 def _write_atomically(path: Path, data: dict) -> None:
-    """Write `data` as JSON to `path` through a temporary file + os.replace; clean up on any exit."""
-    # mkstemp creates the file 0600; keep an existing file's mode, else make it readable like
-    # any other file people share (profiles hold no secrets).
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        mode = 0o644
-    # Named like _temp_name's (mkstemp adds the random part), so a stranded one can be swept.
-    prefix = f".{path.name}.{_writer_label()}.{os.getpid()}."
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
-    replaced = False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            # allow_nan=False: validation already refused NaN, this is the belt to those braces.
-            json.dump(data, handle, indent=2, allow_nan=False)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp_name, mode)
-        os.replace(temp_name, path)
-        replaced = True
-        _fsync_directory(path.parent)
-    finally:
-        # BaseException included (KeyboardInterrupt mid-write): never leave a temporary file.
-        if not replaced:
-            try:
-                os.unlink(temp_name)
-            except FileNotFoundError:
-                pass
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable; some platforms and filesystems cannot, which is not an error."""
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    """Write `data` as JSON to `path` atomically (files.write_atomically), its temporary file named
+    like _temp_name's (mkstemp adds the random part), so a stranded one can be swept."""
+    # allow_nan=False: validation already refused NaN, this is the belt to those braces.
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    write_atomically(path, text, temp_prefix=f".{path.name}.{_writer_label()}.{os.getpid()}.")
 
 
 def _save_to_url(url: ProfileURL, data: bytes) -> None:
@@ -383,7 +348,7 @@ def _write_then_move(fs, url: ProfileURL, path: str, temp_path: str, data: bytes
             fs.mv(temp_path, path)
         moved = True
         if _is_local(fs):
-            _fsync_directory(Path(path).parent)
+            fsync_directory(Path(path).parent)
     finally:
         # BaseException included (KeyboardInterrupt mid-write): never leave a temporary file.
         if not moved:
