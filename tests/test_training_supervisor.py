@@ -20,6 +20,7 @@ from edgebatch.cli import main
 from edgebatch.errors import UsageError
 from edgebatch.training import supervise
 from edgebatch.training.hard_failure import ENV_HARD_FAILURE_MICRO_BATCH, MARKER_FILE
+from write_interrupts import stopped_before_renaming_to
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -149,19 +150,6 @@ def test_cli_writes_the_report_as_json(tmp_path):
                                         "touch", str(ran)])
     assert nowhere.exit_code == 2 and "its folder does not exist" in nowhere.output
     assert not ran.exists()  # refused before the command ran
-
-
-def stopped_before_renaming_to(target, monkeypatch):
-    """os.replace raises KeyboardInterrupt (what Ctrl-C, or SIGTERM under handle_errors, raises) for `target`:
-    the temporary is written and not yet renamed."""
-    real = os.replace
-
-    def stopped(source, destination, *args, **kwargs):
-        if Path(destination) == target:
-            raise KeyboardInterrupt
-        return real(source, destination, *args, **kwargs)
-
-    monkeypatch.setattr(os, "replace", stopped)
 
 
 def test_a_report_write_stopped_midway_leaves_no_temporary(tmp_path, monkeypatch):

@@ -2,7 +2,6 @@
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from edgebatch.training.hard_failure import (
     take_hard_failure_micro_batch,
 )
 from edgebatch.training.restart_policy import ChildRun, SupervisorReport, death_signal_of, restart_decision
+from write_interrupts import stopped_before_renaming_to
 
 # returncode, restarts_done, max_restarts, stop_requested -> restart, exit_code
 DECISIONS = [
@@ -103,14 +103,7 @@ def test_marker_writes_only_on_change_and_reads_back(tmp_path):
 def test_a_marker_write_stopped_midway_leaves_no_temporary_and_the_old_marker(tmp_path, monkeypatch):
     marker = RunningMarker(tmp_path)
     marker.note(32)
-    real = os.replace
-
-    def stopped_before_the_rename(source, destination, *args, **kwargs):
-        if Path(destination) == tmp_path / MARKER_FILE:
-            raise KeyboardInterrupt
-        return real(source, destination, *args, **kwargs)
-
-    monkeypatch.setattr(os, "replace", stopped_before_the_rename)
+    stopped_before_renaming_to(tmp_path / MARKER_FILE, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         marker.note(16)
     assert [p.name for p in tmp_path.iterdir()] == [MARKER_FILE]
