@@ -277,8 +277,7 @@ def _reread_childs_failure(config: SearchConfig, outcomes: Sequence[Outcome], hi
     readings = [o.peak_bytes for o in fresh if o.reading]
     if len(readings) < len(fresh):
         return None  # a child ran out of memory there for real: no reading to weigh
-    near_miss = min(readings) <= config.budget_bytes * (1 + CHILD_LIFT_FRACTION)
-    if near_miss or _is_bump(config, outcomes, model, hi, min(readings)):
+    if _within_child_lift(config, min(readings)) or _is_bump(config, outcomes, model, hi, min(readings)):
         return Run(hi, fresh=True, readings=1)
     return None
 
@@ -315,10 +314,16 @@ def _fresh_endgame(config: SearchConfig, step: Step, outcomes: Sequence[Outcome]
     if isinstance(step, Done) and step.max_batch and hi is not None:
         confirmed = any(o.batch == hi and o.fresh and o.measured for o in outcomes)
         if not confirmed:
-            near_miss = model is not None and (
-                config.budget_bytes < model.predict_bytes(hi) <= config.budget_bytes * (1 + CHILD_LIFT_FRACTION))
+            predicted = model.predict_bytes(hi) if model is not None else None
+            near_miss = predicted is not None and predicted > config.budget_bytes and _within_child_lift(config, predicted)
             return Run(hi, fresh=True, new_process=near_miss)
     return step
+
+
+def _within_child_lift(config: SearchConfig, peak_bytes: float) -> bool:
+    """Whether a child's reading of `peak_bytes` may stand for a new process's within the budget
+    (CHILD_LIFT_FRACTION over it at most)."""
+    return peak_bytes <= config.budget_bytes * (1 + CHILD_LIFT_FRACTION)
 
 
 def _grow(config: SearchConfig, lo: int, cap: int, model: MemoryModel | None) -> Step:

@@ -157,12 +157,16 @@ def _fit_rows(rows: list[tuple[float, float, float]]) -> TokenMemoryModel | None
     if not candidates:
         return None
     residual, fixed, a, b = min(candidates)
+    return TokenMemoryModel(
+        fixed_bytes=fixed, per_token_bytes=a, per_token_squared_bytes=b, r2=_r2(residual, peaks), points=len(rows),
+        lengths=tuple(lengths),
+    )
+
+
+def _r2(residual: float, peaks: list[float]) -> float:
     mean = sum(peaks) / len(peaks)
     total = sum((peak - mean) ** 2 for peak in peaks)
-    r2 = 1.0 if total == 0 else max(0.0, 1.0 - residual / total)
-    return TokenMemoryModel(
-        fixed_bytes=fixed, per_token_bytes=a, per_token_squared_bytes=b, r2=r2, points=len(rows), lengths=tuple(lengths)
-    )
+    return 1.0 if total == 0 else max(0.0, 1.0 - residual / total)
 
 
 def children_offset_bytes(rows: Iterable[tuple[float, float, float, bool]]) -> float | None:
@@ -190,13 +194,8 @@ def children_offset_bytes(rows: Iterable[tuple[float, float, float, bool]]) -> f
     if solution is None:
         return None
     fixed, a, b, offset = solution
-    predicted = [fixed + a * column_a + b * column_b + offset * column_c
-                 for column_a, column_b, column_c in zip(columns[1], columns[2], columns[3])]
-    mean = sum(peaks) / len(peaks)
-    total = sum((peak - mean) ** 2 for peak in peaks)
-    residual = sum((peak - guess) ** 2 for peak, guess in zip(peaks, predicted))
-    r2 = 1.0 if total == 0 else 1.0 - residual / total
-    if r2 < MIN_FIT_R2 or a + b <= 0:
+    lowered = [(batch, length, peak - (offset if child else 0.0)) for (batch, length, child), peak in zip(keys, peaks)]
+    if _r2(_residual(fixed, a, b, lowered), peaks) < MIN_FIT_R2 or a + b <= 0:
         return None
     return offset
 
