@@ -45,3 +45,25 @@ def test_the_targets_table_shows_the_checked_comparison_without_a_verdict():
     rows = report._probe_targets(scenario)
     assert ["cost against binsearch_checked (no target): toy", "trials 0.75; wall 0.80", "for reference"] in rows
     assert ["trials <= 0.5 x binsearch's: toy", "1.20", "**not met**"] in rows
+
+
+def logged(*kinds):
+    """A trial log with one measured trial per kind (reused, forked, new_process) and a skip."""
+    entries = {"reused": {"fresh": False, "forked": None}, "forked": {"fresh": True, "forked": True},
+               "new_process": {"fresh": True, "forked": False}}
+    return [{"measured": True, **entries[k]} for k in kinds] + [{"measured": False, "fresh": False, "forked": None}]
+
+
+def test_where_the_trials_ran_is_counted_per_run_and_shown_under_the_table():
+    slow = [{**run(0, 5, 40.0), "trial_log": logged("new_process", "reused", "forked", "forked", "new_process")},
+            {**run(1, 3, 40.0), "trial_log": logged("new_process", "forked", "forked")}]
+    older = [{**run(0, 2, 20.0), "trial_log": [{"measured": True, "ok": True}]}]  # before `fresh` was logged
+    summary = probe_bench.summarise({"slow_start": slow, "binsearch": older})
+    kinds = summary["slow_start"]["trials_by_worker"]
+    assert (kinds["reused"].max, kinds["reused"].min) == (1, 0)
+    assert kinds["forked"].median == 2 and kinds["new_process"].min == 1 and kinds["new_process"].max == 2
+    assert summary["binsearch"]["trials_by_worker"] is None
+    lines = report._worker_kind_lines(summary)
+    assert lines[-1].endswith("slow_start 0 [0-1] / 2 / 2 [1-2].")  # median 0.5 prints as 0
+    assert "binsearch" not in lines[-1]
+    assert report._worker_kind_lines(probe_bench.summarise({"binsearch": older})) == []

@@ -167,7 +167,7 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         "budget_bytes": budget,
         "trial_log": [
             {"batch": t.batch, "ok": t.ok, "error": t.error, "peak_bytes": t.peak_bytes, "measured": t.measured,
-             "samples_per_second": t.samples_per_second}
+             "samples_per_second": t.samples_per_second, "fresh": t.fresh, "forked": t.forked}
             for t in trials
         ],
     }
@@ -219,6 +219,35 @@ def _run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until, 
     }
 
 
+# Where a trial ran, from its trial_log entry: a worker that had run earlier trials (the scout or a
+# worker the search kept growing), a fork-server child, or a new process (a fresh trial not forked;
+# the scout's first trial too). A new process costs a TensorFlow import (8-20 s here), a child a
+# model build and trace, a reused worker only its steps: the kinds price a probe's wall time.
+WORKER_KINDS = ("reused", "forked", "new_process")
+
+
+def worker_kind(trial: dict) -> str | None:
+    """WORKER_KINDS' name for a measured trial_log entry; None for a skip or an entry from before the
+    log recorded `fresh` (results of earlier commits)."""
+    if not trial.get("measured") or "fresh" not in trial:
+        return None
+    if not trial["fresh"]:
+        return "reused"
+    return "forked" if trial.get("forked") else "new_process"
+
+
+def trials_by_worker(method: list[dict]) -> dict | None:
+    """Per worker kind, the Stat over runs of how many trials ran there; None when no run recorded it."""
+    counts = []
+    for run in method:
+        kinds = [worker_kind(t) for t in run.get("trial_log", []) if t.get("measured")]
+        if kinds and None not in kinds:
+            counts.append({kind: kinds.count(kind) for kind in WORKER_KINDS})
+    if not counts:
+        return None
+    return {kind: stat_of([c[kind] for c in counts]) for kind in WORKER_KINDS}
+
+
 def summarise(runs: dict[str, list[dict]]) -> dict:
     """Per method: Stats of trials, failures, seconds, found, found/true; ratios by repeat to binsearch
     and to binsearch_checked (binsearch held to slow_start's answer rule)."""
@@ -239,6 +268,7 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
             "failed_trials": stat_of([r["failed_trials"] for r in method]),
             "wall_seconds": stat_of([r["wall_seconds"] for r in method]),
             "workers_started": stat_of([r["workers_started"] for r in method]),
+            "trials_by_worker": trials_by_worker(method),
             "found": stat_of([r["found"] for r in method]),
             "found_over_true": stat_of([r.get("found_over_true") for r in method]),
             "found_over_edge": stat_of([r.get("found_over_edge") for r in method]),

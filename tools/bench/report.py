@@ -147,6 +147,21 @@ def _error_text(error: str) -> str:
     return " ".join(lines)[:120]
 
 
+def _worker_kind_lines(summary: dict) -> list[str]:
+    """One line: per method, where its trials ran (median per run), from probe_bench.trials_by_worker;
+    nothing for results from before the trial log recorded it."""
+    parts = []
+    for name, s in summary.items():
+        kinds = s.get("trials_by_worker")
+        if kinds:
+            parts.append(f"{name} " + " / ".join(fmt(kinds[kind], 0) for kind in ("reused", "forked", "new_process")))
+    if not parts:
+        return []
+    return ["", "Where the trials ran, median per run (in workers that ran earlier trials / in fork-server children / "
+                "in new processes; a new process costs a TensorFlow import, a child a model build and trace, a reused "
+                "worker only its steps): " + "; ".join(parts) + "."]
+
+
 def probe_lines(section: dict) -> list[str]:
     lines = []
     for scenario in section.get("scenarios", []):
@@ -219,6 +234,7 @@ def probe_lines(section: dict) -> list[str]:
                                     "wall / checked"], rows)
         else:
             lines += ["", "No method ran in the time budget."]
+        lines += _worker_kind_lines(scenario["summary"])
         if scenario.get("skipped"):
             counts: dict[str, int] = {}
             for entry in scenario["skipped"]:
