@@ -59,6 +59,12 @@ NOTES = [
     "price of that rule drops out of the comparison. Costs to keep "
     "in mind: a worker started as a new process imports TensorFlow (8-20 s here), and a real OOM takes ~10 s to surface on CPU "
     "(TensorFlow's allocator retries before it gives up); a measured over-budget trial costs only its steps.",
+    "- Why slow_start misses issue 9's cost targets (trials <= 0.5x and wall <= 0.6x binsearch's) by construction: "
+    "its answer rule alone is three readings at the answer (the trial that found it, then two new processes) and a "
+    "fresh failure just above it, and its line needs three readings before it may jump. A search that jumped straight "
+    "onto the edge would still take 3 + 1 + 1 + 2 = 7 trials, more than half of binsearch's count wherever binsearch "
+    "takes fewer than 14, and its wall time would hold at least one new process (a TensorFlow import), itself over "
+    "0.6x of a binsearch run that takes under ~20 s. 'trials / checked' and 'wall / checked' take the rule's price out.",
     "- Every process under an address-space cap (probe workers, truth runs, pressure runs) runs with "
     "MALLOC_ARENA_MAX=2: glibc's per-thread arenas reserve 64 MiB of address space each and moved capped "
     "boundaries by ~15% between processes.",
