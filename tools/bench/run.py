@@ -63,8 +63,9 @@ NOTES = [
     "its answer rule alone is three readings at the answer (the trial that found it, then two new processes) and a "
     "fresh failure just above it, and its line needs three readings before it may jump. A search that jumped straight "
     "onto the edge would still take 3 + 1 + 1 + 2 = 7 trials, more than half of binsearch's count wherever binsearch "
-    "takes fewer than 14, and its wall time would hold at least one new process (a TensorFlow import), itself over "
-    "0.6x of a binsearch run that takes under ~20 s. 'trials / checked' and 'wall / checked' take the rule's price out.",
+    "takes fewer than 14. Its wall time would hold the answer's two new processes (a TensorFlow import each; side by "
+    "side they took 13.1 s for dense_wide on the AMD host, tools/probe_timeline.py), over 0.6x of a binsearch run "
+    "shorter than 22 s (dense_wide's took 16 s). 'trials / checked' and 'wall / checked' take the rule's price out.",
     "- Every process under an address-space cap (probe workers, truth runs, pressure runs) runs with "
     "MALLOC_ARENA_MAX=2: glibc's per-thread arenas reserve 64 MiB of address space each and moved capped "
     "boundaries by ~15% between processes.",
