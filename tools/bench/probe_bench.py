@@ -227,9 +227,9 @@ WORKER_KINDS = ("reused", "forked", "new_process")
 
 
 def worker_kind(trial: dict) -> str | None:
-    """WORKER_KINDS' name for a measured trial_log entry; None for a skip or an entry from before the
-    log recorded `fresh` (results of earlier commits)."""
-    if not trial.get("measured") or "fresh" not in trial:
+    """WORKER_KINDS' name for a measured trial_log entry; None for an entry from before the log
+    recorded `fresh` (results of earlier commits)."""
+    if "fresh" not in trial:
         return None
     if not trial["fresh"]:
         return "reused"
@@ -237,7 +237,8 @@ def worker_kind(trial: dict) -> str | None:
 
 
 def trials_by_worker(method: list[dict]) -> dict | None:
-    """Per worker kind, the Stat over runs of how many trials ran there; None when no run recorded it."""
+    """Per worker kind (in WORKER_KINDS' order), the Stat over runs of how many measured trials ran
+    there; None when no run recorded it."""
     counts = []
     for run in method:
         kinds = [worker_kind(t) for t in run.get("trial_log", []) if t.get("measured")]

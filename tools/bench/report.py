@@ -154,7 +154,7 @@ def _worker_kind_lines(summary: dict) -> list[str]:
     for name, s in summary.items():
         kinds = s.get("trials_by_worker")
         if kinds:
-            parts.append(f"{name} " + " / ".join(fmt(kinds[kind], 0) for kind in ("reused", "forked", "new_process")))
+            parts.append(f"{name} " + " / ".join(fmt(count, 0) for count in kinds.values()))
     if not parts:
         return []
     return ["", "Where the trials ran, median per run (in workers that ran earlier trials / in fork-server children / "
