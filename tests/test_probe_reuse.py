@@ -115,10 +115,16 @@ def test_the_probe_gives_new_process_workers_no_prewarm_and_fork_children_one(mo
         step_seconds_per_sample = None
 
         def run_trial(self, batch):
-            self.deadline_seconds_per_sample = self.step_seconds_per_sample
-            return {"batch": batch, "ok": False, "error": "oom"}
+            self.begin_trial(batch)
+            return self.finish_trial()
 
-        def close(self):
+        def begin_trial(self, batch):
+            self.deadline_seconds_per_sample, self.batch = self.step_seconds_per_sample, batch
+
+        def finish_trial(self):
+            return {"batch": self.batch, "ok": False, "error": "oom"}
+
+        def close(self, at_once=False):
             pass
 
     started, workers = [], []
@@ -132,6 +138,8 @@ def test_the_probe_gives_new_process_workers_no_prewarm_and_fork_children_one(mo
         return workers[-1]
 
     monkeypatch.setattr(api, "start_worker", start_worker)
+    monkeypatch.setattr(api, "spawn_worker", start_worker)
+    monkeypatch.setattr(api, "await_ready", lambda worker: worker)
     setup = WorkerSetup(model_spec="text_cnn")
     config = SearchConfig(budget_bytes=1280 * 2**20)
     api._worker_for(799, config, setup, [], fresh=True, fork=None)
@@ -339,11 +347,17 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
         forked = False
 
         def run_trial(self, batch):
-            self.trials_run += 1
-            return {"batch": batch, "ok": True, "process_peak_bytes": 100 * 2**20, "step_seconds": 0.1,
+            self.begin_trial(batch)
+            return self.finish_trial()
+
+        def begin_trial(self, batch):
+            self.trials_run, self.batch = self.trials_run + 1, batch
+
+        def finish_trial(self):
+            return {"batch": self.batch, "ok": True, "process_peak_bytes": 100 * 2**20, "step_seconds": 0.1,
                     "samples_per_second": 10.0}
 
-        def close(self):
+        def close(self, at_once=False):
             pass
 
     started = []
@@ -366,6 +380,8 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
     script = iter([Run(300, fresh=True), Run(300, fresh=True, readings=1), Run(300, fresh=True, readings=2),
                    Done(300)])
     monkeypatch.setattr(api, "start_worker", start_worker)
+    monkeypatch.setattr(api, "spawn_worker", start_worker)
+    monkeypatch.setattr(api, "await_ready", lambda worker: worker)
     monkeypatch.setattr(api, "next_step", lambda config, outcomes: next(script))
     config = SearchConfig(budget_bytes=1280 * 2**20)
     trials, done = api._search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lambda line: None,

@@ -135,6 +135,39 @@ def test_a_stopping_probe_kills_a_worker_mid_trial_without_waiting_for_it(monkey
     assert worker.process.returncode == -signal.SIGKILL
 
 
+def test_ctrl_c_during_side_by_side_repeats_kills_their_workers_at_once(monkeypatch):
+    """The answer's repeats run two or more new processes at once (api._repeats_side_by_side). With
+    a thread per worker, SIGTERM there waited for every trial to end (19 s for small_cnn under
+    3 GiB); here the trials hang, so that wait would be the trial deadline (120 s)."""
+    from edgebatch.probing import api
+    from edgebatch.probing.search import SearchConfig
+
+    pids = []
+
+    def spawn(setup):
+        worker = worker_module.spawn_worker(setup, command=[sys.executable, "-c", FAKE_WORKER])
+        pids.append(worker.process.pid)
+        return worker
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "spawn_worker", spawn)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)  # by then both stand-ins are ready and in their trials
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            api._repeats_side_by_side(64, 2, SearchConfig(budget_bytes=2**30), WorkerSetup(model_spec="hang"),
+                                      "process_peak")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 30, "the interrupt waited for the trials"
+    assert len(pids) == 2
+    assert all(wait_until(lambda pid=pid: process_gone(pid), 5) for pid in pids), "a repeat's worker outlived the stop"
+
+
 def test_a_worker_that_never_gets_ready_is_stopped_at_the_startup_deadline():
     started = time.monotonic()
     with pytest.raises(ProbeError, match=r"not ready within 1 s"):

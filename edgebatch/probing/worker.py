@@ -180,6 +180,9 @@ class Worker:
     # Forked from the fork server (forkserver.py) rather than started as a new Python: on some
     # hosts such children read above new processes (outcomes.peak_spread_fraction).
     forked: bool = False
+    # (batch, swap bytes before, reply deadline on time.monotonic(), request sent) between
+    # begin_trial and finish_trial.
+    _pending: tuple | None = None
 
     def __post_init__(self) -> None:
         if self.reader is None:
@@ -191,11 +194,30 @@ class Worker:
 
     def run_trial(self, batch: int) -> dict:
         """One trial's reply; a failed trial when the worker died; ProbeError when it hung or garbled."""
+        self.begin_trial(batch)
+        return self.finish_trial()
+
+    def begin_trial(self, batch: int) -> None:
+        """Ask for a trial at `batch` and return at once; finish_trial() waits for its reply. Several
+        workers can so run their trials side by side from one thread (api._repeats_side_by_side)."""
         self.largest_batch = max(self.largest_batch, batch)
         self.trials_run += 1
         swap_before = _process_swap_bytes(self.process.pid)
+        deadline = time.monotonic() + self.trial_deadline(batch)
         try:
-            reply = self._request({"batch": batch}, self.trial_deadline(batch))
+            self.process.stdin.write((json.dumps({"batch": batch}) + "\n").encode())
+            self.process.stdin.flush()
+            sent = True
+        except (BrokenPipeError, OSError):
+            sent = False  # it died: finish_trial says how
+        self._pending = (batch, swap_before, deadline, sent)
+
+    def finish_trial(self) -> dict:
+        """The reply to the trial begin_trial() asked for (see run_trial)."""
+        batch, swap_before, deadline, sent = self._pending
+        self._pending = None
+        try:
+            reply = read_reply(self.reader, deadline) if sent else None
         except _ReplyTimeout:
             self.healthy = False
             return self._hung_trial(batch, swap_before)
@@ -237,14 +259,6 @@ class Worker:
             f"probe worker gave no reply within {deadline:.0f} s at batch {batch} and was stopped "
             f"({why}){': ' + tail if tail else ''}"
         )
-
-    def _request(self, message: dict, deadline_seconds: float) -> dict | None:
-        try:
-            self.process.stdin.write((json.dumps(message) + "\n").encode())
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError):
-            return None
-        return read_reply(self.reader, time.monotonic() + deadline_seconds)
 
     def _stderr_tail(self) -> str:
         self.stderr_file.flush()
@@ -368,8 +382,13 @@ def spawn_worker(setup: WorkerSetup, command: list[str] | None = None, server=No
 
 def start_worker(setup: WorkerSetup, command: list[str] | None = None, server=None) -> Worker:
     """Start a worker, send the setup, wait until the model is built and the step traced."""
-    worker = spawn_worker(setup, command, server)
-    process = worker.process
+    return await_ready(spawn_worker(setup, command, server))
+
+
+def await_ready(worker: Worker) -> Worker:
+    """Wait until a spawned worker (spawn_worker) has built the model and traced the step; a worker
+    that cannot is closed and a ProbeError says why."""
+    setup, process = worker.setup, worker.process
     try:
         ready = read_reply(worker.reader, time.monotonic() + setup.startup_deadline_seconds)
     except _ReplyTimeout:
