@@ -24,6 +24,37 @@ MIB = 1024**2
 SEARCH = ProbeRequest().search_settings()
 
 
+class StandInWorker:
+    """A worker for tests of where api._search starts workers: `reply(batch)` is its trial's reply.
+    run_trial is begin_trial then finish_trial, as in worker.Worker."""
+
+    step_seconds_per_sample = None
+    trials_run = 0
+    forked = False
+
+    def run_trial(self, batch):
+        self.begin_trial(batch)
+        return self.finish_trial()
+
+    def begin_trial(self, batch):
+        self.trials_run, self.batch = self.trials_run + 1, batch
+
+    def finish_trial(self):
+        return self.reply(self.batch)
+
+    def close(self, at_once=False):
+        pass
+
+
+def start_stand_ins(monkeypatch, start_worker):
+    """api's three ways to start a worker all go to `start_worker(setup, server=None)`."""
+    from edgebatch.probing import api
+
+    monkeypatch.setattr(api, "start_worker", start_worker)
+    monkeypatch.setattr(api, "spawn_worker", start_worker)
+    monkeypatch.setattr(api, "await_ready", lambda worker: worker)
+
+
 def problem(search=None, headroom=0.10, budget=GIB, **requested):
     requested_search = {**SEARCH, **{k: v for k, v in requested.items() if k in SEARCH}}
     return reuse_problem(
@@ -111,21 +142,13 @@ def test_the_probe_gives_new_process_workers_no_prewarm_and_fork_children_one(mo
     from edgebatch.probing.search import SearchConfig
     from edgebatch.probing.worker import WorkerSetup
 
-    class StandIn:
-        step_seconds_per_sample = None
-
-        def run_trial(self, batch):
-            self.begin_trial(batch)
-            return self.finish_trial()
-
+    class StandIn(StandInWorker):
         def begin_trial(self, batch):
-            self.deadline_seconds_per_sample, self.batch = self.step_seconds_per_sample, batch
+            super().begin_trial(batch)
+            self.deadline_seconds_per_sample = self.step_seconds_per_sample
 
-        def finish_trial(self):
-            return {"batch": self.batch, "ok": False, "error": "oom"}
-
-        def close(self, at_once=False):
-            pass
+        def reply(self, batch):
+            return {"batch": batch, "ok": False, "error": "oom"}
 
     started, workers = [], []
 
@@ -137,9 +160,7 @@ def test_the_probe_gives_new_process_workers_no_prewarm_and_fork_children_one(mo
         workers.append(StandIn())
         return workers[-1]
 
-    monkeypatch.setattr(api, "start_worker", start_worker)
-    monkeypatch.setattr(api, "spawn_worker", start_worker)
-    monkeypatch.setattr(api, "await_ready", lambda worker: worker)
+    start_stand_ins(monkeypatch, start_worker)
     setup = WorkerSetup(model_spec="text_cnn")
     config = SearchConfig(budget_bytes=1280 * 2**20)
     api._worker_for(799, config, setup, [], fresh=True, fork=None)
@@ -341,24 +362,10 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
     from edgebatch.probing.search import Done, Run, SearchConfig
     from edgebatch.probing.worker import WorkerSetup
 
-    class StandIn:
-        step_seconds_per_sample = None
-        trials_run = 0
-        forked = False
-
-        def run_trial(self, batch):
-            self.begin_trial(batch)
-            return self.finish_trial()
-
-        def begin_trial(self, batch):
-            self.trials_run, self.batch = self.trials_run + 1, batch
-
-        def finish_trial(self):
-            return {"batch": self.batch, "ok": True, "process_peak_bytes": 100 * 2**20, "step_seconds": 0.1,
+    class StandIn(StandInWorker):
+        def reply(self, batch):
+            return {"batch": batch, "ok": True, "process_peak_bytes": 100 * 2**20, "step_seconds": 0.1,
                     "samples_per_second": 10.0}
-
-        def close(self, at_once=False):
-            pass
 
     started = []
 
@@ -379,9 +386,7 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
 
     script = iter([Run(300, fresh=True), Run(300, fresh=True, readings=1), Run(300, fresh=True, readings=2),
                    Done(300)])
-    monkeypatch.setattr(api, "start_worker", start_worker)
-    monkeypatch.setattr(api, "spawn_worker", start_worker)
-    monkeypatch.setattr(api, "await_ready", lambda worker: worker)
+    start_stand_ins(monkeypatch, start_worker)
     monkeypatch.setattr(api, "next_step", lambda config, outcomes: next(script))
     config = SearchConfig(budget_bytes=1280 * 2**20)
     trials, done = api._search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lambda line: None,
