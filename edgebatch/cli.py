@@ -104,7 +104,7 @@ def format_profile(profile) -> str:
 
 def _spread_note(profile) -> str:
     """How far repeated fresh readings of one batch differed, and what the answer was judged by."""
-    from edgebatch.probing.api import fit_budget_bytes
+    from edgebatch.probing.margins import fit_budget_bytes
     from edgebatch.probing.outcomes import SPREAD_NOISE_FRACTION
     from edgebatch.probing.summary import judged_budget_bytes, spread_fraction_of
     from edgebatch.threads import recorded_inter_op_threads

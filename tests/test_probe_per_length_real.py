@@ -12,7 +12,7 @@ comparison, with the probe's default trials, is tools/bench/seq_len_bench.py (BE
 import pytest
 
 from edgebatch.probing import probe, token_fit
-from edgebatch.probing.api import fit_budget_bytes
+from edgebatch.probing.margins import fit_budget_bytes
 from edgebatch.profiles import load_profile
 
 MIB = 1024**2

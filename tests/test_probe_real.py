@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from edgebatch.probing import probe
-from edgebatch.probing.api import bump_edge_fraction, fit_budget_bytes
+from edgebatch.probing.margins import bump_edge_fraction, fit_budget_bytes
 from edgebatch.probing.outcomes import answer_readings_wanted
 from edgebatch.probing.summary import judged_budget_bytes, outcome_of
 from edgebatch.probing.worker import DEFAULT_INTER_OP_THREADS

@@ -108,7 +108,7 @@ def test_a_profile_without_recorded_settings_is_not_reused():
 
 
 def test_the_measurement_margin_is_one_percent_with_one_inter_op_thread_and_2_5_with_the_pool():
-    from edgebatch.probing.api import fit_budget_bytes
+    from edgebatch.probing.margins import fit_budget_bytes
 
     assert fit_budget_bytes(1_000_000) == fit_budget_bytes(1_000_000, 1) == 990_000
     assert fit_budget_bytes(1_000_000, 0) == fit_budget_bytes(1_000_000, 4) == 975_000

@@ -362,7 +362,7 @@ def test_a_bump_above_the_line_is_looked_past():
 
 
 def test_with_no_bump_edge_fraction_the_answer_is_the_largest_fit_under_a_bump_that_stands():
-    # One inter-op thread (api.bump_edge_fraction): where the step begins is the same in every
+    # One inter-op thread (margins.bump_edge_fraction): where the step begins is the same in every
     # process, so nothing is kept below it beyond the measurement margin.
     line = linear(740, 2.5)
     peak = lambda batch: line(batch) + (80 * MIB if batch >= 300 else 0)  # noqa: E731
@@ -741,7 +741,7 @@ def test_a_childs_failure_the_line_already_puts_over_budget_is_not_read_again_as
     ]
     model = usable_model(outcomes)
     assert model is not None and model.predict_bytes(34) > budget
-    config = SearchConfig(budget_bytes=budget, bump_edge_fraction=0.0)  # one inter-op thread (api.bump_edge_fraction)
+    config = SearchConfig(budget_bytes=budget, bump_edge_fraction=0.0)  # one inter-op thread (margins.bump_edge_fraction)
     step = next_step(config, outcomes)
     assert step == Run(33, fresh=True, readings=1), step  # the answer's last reading, not 34 again
     step = next_step(config, outcomes + [o(33, 1498.1, forked=False)])
@@ -812,7 +812,7 @@ def test_the_kept_capped_mlp_run_would_read_its_answer_again_where_it_answered_a
     import json
     from pathlib import Path
 
-    from edgebatch.probing.api import fit_budget_bytes
+    from edgebatch.probing.margins import fit_budget_bytes
 
     path = Path(__file__).resolve().parents[1] / "tools" / "bench" / "results" / "probe_mlp_capped_da4ce81.json"
     run = json.loads(path.read_text())["sections"]["probe"]["scenarios"][0]["runs"]["slow_start"][0]
@@ -939,7 +939,7 @@ def test_the_unsafe_mobilenet_v2_answer_is_read_again_where_its_readings_differe
     processes): 2.1% apart, more than the noise. The truth's next new process read 36 at 1,553.8
     MiB, over the budget. The answer now needs three more readings; had one read what the truth's
     did, the spread would be 5.4% and the search would go on below 36."""
-    from edgebatch.probing.api import fit_budget_bytes
+    from edgebatch.probing.margins import fit_budget_bytes
 
     config = SearchConfig(budget_bytes=fit_budget_bytes(1536 * MIB, 1), max_batch_limit=4096)
     outcomes = mobilenet_v2_unsafe_run()

@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--strategy", default="slow_start", choices=STRATEGIES, help="search strategy (default slow_start)")
     args = parser.parse_args()
 
-    from edgebatch.probing import api
+    from edgebatch.probing import api, margins
     from edgebatch.probing.search import SearchConfig
     from edgebatch.probing.worker import WorkerSetup, start_worker
     from edgebatch.zoo import parse_model_spec
@@ -39,9 +39,9 @@ def main() -> None:
     workers = [start_worker(setup)]
     stamp("scout ready (a new process: TensorFlow imported, model built, step traced)")
     config = SearchConfig(
-        budget_bytes=api.fit_budget_bytes(budget_bytes, setup.inter_op_threads), strategy=args.strategy,
+        budget_bytes=margins.fit_budget_bytes(budget_bytes, setup.inter_op_threads), strategy=args.strategy,
         baseline_bytes=workers[0].facts.get("baseline_process_bytes"),
-        bump_edge_fraction=api.bump_edge_fraction(setup.inter_op_threads),
+        bump_edge_fraction=margins.bump_edge_fraction(setup.inter_op_threads),
     )
     fork = api._FreshWorkers("CPU:0", budget_bytes, stamp)
     try:

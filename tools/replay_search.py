@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from edgebatch.probing.api import bump_edge_fraction, fit_budget_bytes
+from edgebatch.probing.margins import bump_edge_fraction, fit_budget_bytes
 from edgebatch.probing.search import Done, Outcome, Run, SearchConfig, Skip, next_step
 
 

@@ -43,7 +43,7 @@ DEFAULT_TOLERANCE = 0.02
 # AVX-512 Xeon: probe workers read 1,429 MiB at 282 and 1,572 MiB at 283, and fresh_step.py read
 # 1,416 MiB at 282 in 4 processes of 5 and 1,556 MiB in the fifth, over a 1536 MiB budget
 # (device_profiles/README.md, "Bumps"). 3% is 8 samples there. With one inter-op thread the edge
-# stays put (api.bump_edge_fraction).
+# stays put (margins.bump_edge_fraction).
 BUMP_EDGE_FRACTION = 0.03
 # slow_start: fresh readings of the answer before it is given (search._repeat_answer). On an AMD
 # EPYC host one batch reads one of two or more values at random between fresh processes, even with
@@ -56,7 +56,7 @@ BUMP_EDGE_FRACTION = 0.03
 ANSWER_READINGS = 3
 # Two fresh readings of one batch further apart than this (max / min - 1) mean the host's peaks
 # are random between processes (the probe says so). On an Intel Xeon host fresh processes read
-# one batch within 0.05% with one inter-op thread (api.MEASUREMENT_MARGIN_ONE_THREAD). Any spread
+# one batch within 0.05% with one inter-op thread (margins.MEASUREMENT_MARGIN_ONE_THREAD). Any spread
 # lowers the budget readings are judged by (effective_budget_bytes).
 SPREAD_NOISE_FRACTION = 0.01
 # A fresh worker's out-of-memory failure is a transient only when a batch this many times larger

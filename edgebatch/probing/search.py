@@ -93,7 +93,7 @@ BUMP_WIDTH_FRACTION = 0.10
 # 2e04e3d) read 30-34 at 1,521-1,527 MiB in children and at most 1,505-1,510 MiB at 30-35 in new
 # processes, 0.7-1.4% lower; earlier runs measured 0.9-1.6%. So a child within 1% over the budget
 # stands for a new process at most 0.3% over it, inside the 1% measurement margin it already
-# keeps below the device budget (api.MEASUREMENT_MARGIN_ONE_THREAD). A reading further out is a failure in a new process
+# keeps below the device budget (margins.MEASUREMENT_MARGIN_ONE_THREAD). A reading further out is a failure in a new process
 # too, and reading it again would only cost a TensorFlow import.
 CHILD_LIFT_FRACTION = 0.01
 

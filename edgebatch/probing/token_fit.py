@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from edgebatch.errors import UsageError
+from edgebatch.probing.margins import fit_budget_bytes
 from edgebatch.probing.memory_fit import PEAK_SPREAD_FRACTION
 from edgebatch.profiles.model import LengthCeiling, TokenMemoryModel
 
@@ -246,7 +247,6 @@ def profile_ceiling_at_length(profile, length: int) -> LengthCeiling:
     processes. The model is the low level of two-valued peaks (fit_token_model); where processes
     read 256 and 512 tokens up to 6.6% apart, a length between them is not known to read alike.
     """
-    from edgebatch.probing.api import fit_budget_bytes
     from edgebatch.probing.summary import judged_budget_bytes
     from edgebatch.threads import recorded_inter_op_threads
 

@@ -80,7 +80,7 @@ from harness import (
     publish_section,
 )
 
-from edgebatch.probing.api import measurement_margin
+from edgebatch.probing.margins import measurement_margin
 from edgebatch.probing.worker import DEFAULT_INTER_OP_THREADS
 from edgebatch.units import parse_size_bytes
 
@@ -95,7 +95,7 @@ VARIANTS = {
     "prune": ("float32", "prune"),
 }
 PROBE_TIMEOUT_SECONDS = 1800
-# max_batch's peak must fit this share of the budget (api.measurement_margin): 0.99 with the
+# max_batch's peak must fit this share of the budget (margins.measurement_margin): 0.99 with the
 # probe's default one inter-op thread. A results file without `fit_limit_fraction` was made with
 # TensorFlow's pool, where it was 0.975.
 FIT_MARGIN = 1 - measurement_margin(DEFAULT_INTER_OP_THREADS)

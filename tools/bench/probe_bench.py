@@ -102,7 +102,7 @@ class _CountingList(list):
 def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
     """One probe with `strategy` on edgebatch's trial runner; what it found and what it cost."""
     from edgebatch.errors import EdgebatchError
-    from edgebatch.probing import api
+    from edgebatch.probing import api, margins
     from edgebatch.probing.search import SearchConfig
     from edgebatch.probing.worker import WorkerSetup, start_worker
     from edgebatch.zoo import parse_model_spec
@@ -127,11 +127,11 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
 
             budget = read_host_memory().total_bytes
         # What api.run_probe passes on CPU: a trial fits under the budget less the measurement
-        # margin (api.fit_budget_bytes), for every method alike.
+        # margin (margins.fit_budget_bytes), for every method alike.
         config = SearchConfig(
-            budget_bytes=api.fit_budget_bytes(budget, setup.inter_op_threads), start_batch=start_batch,
+            budget_bytes=margins.fit_budget_bytes(budget, setup.inter_op_threads), start_batch=start_batch,
             max_batch_limit=scenario.max_batch_limit, strategy=strategy, refuse_predicted_over_budget=True,
-            baseline_bytes=baseline, bump_edge_fraction=api.bump_edge_fraction(setup.inter_op_threads),
+            baseline_bytes=baseline, bump_edge_fraction=margins.bump_edge_fraction(setup.inter_op_threads),
         )
         # Fresh workers as `edgebatch probe` starts them: forked from a fork server where the device
         # has room for one beside the budget (api._FreshWorkers), else new processes. Every method

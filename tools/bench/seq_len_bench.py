@@ -10,7 +10,7 @@ as section 1's truth does, and fails at the first process over it).
 
 Two truths per length, from the same fresh checks (each check's peak is compared with both):
 - at the budget itself: the largest batch whose fresh peak fits the budget;
-- at the probe's fitting limit, the budget less the measurement margin (api.fit_budget_bytes: 0.99 x
+- at the probe's fitting limit, the budget less the measurement margin (margins.fit_budget_bytes: 0.99 x
   budget with one inter-op thread, the default): the limit `max_batch` is defined by
   (device_profiles/README.md).
 Against the first, the margin alone costs 0.01 x budget / (budget - fixed) of the batch (about 2%
@@ -49,7 +49,7 @@ from harness import (
 )
 
 from edgebatch.probing import per_length, probe, token_fit
-from edgebatch.probing.api import fit_budget_bytes
+from edgebatch.probing.margins import fit_budget_bytes
 from edgebatch.profiles import Trial
 from edgebatch.units import parse_size_bytes
 
