@@ -1,6 +1,6 @@
 """How long variable-length updates take, and what the governor's slow-step rule would make of it.
 
-`fit` hands the governor no step time for variable-length examples (training/loop.py): an update's
+`fit` hands the governor no step time for variable-length examples (training/governed_loop.py): an update's
 work follows its lengths. This shows why. It trains `transformer_tiny` on the standard library's
 docstrings (the corpus of tools/bench/length_ceilings_bench.py) with `length_window_examples`, so
 each update holds examples of similar length, in one piece (the governor's ceiling is the effective

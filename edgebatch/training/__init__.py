@@ -1,6 +1,6 @@
 """Governed training: micro-batches sized by a Governor, exact gradient accumulation, OOM recovery.
 
-- `fit(model, dataset, loss=..., optimizer=..., effective_batch=...)`: a custom loop (loop.py) with
+- `fit(model, dataset, loss=..., optimizer=..., effective_batch=...)`: a custom loop (loop.py builds it, governed_loop.py runs it) with
   OOM retry in place, checkpoint/resume, TensorBoard and JSONL logs; returns a `FitReport`.
   `LengthCeilings` (length_ceilings.py): micro-batch ceilings by sequence length, for fit's
   `length_ceilings` (from a probe per length's profile); `length_window_examples` cuts updates from

@@ -1,6 +1,6 @@
 """fit's loop on one worker of a MultiWorkerMirroredStrategy (the design: workers.py).
 
-`WorkerLoop` is loop._GovernedLoop with four steps changed:
+`WorkerLoop` is governed_loop._GovernedLoop with four steps changed:
 - the pieces cover this worker's share of the update only (`_piece_range`);
 - in lockstep, OOM retries are decided on a copy of the governor (`_oom_governor`), so every
   worker's real governor later goes through the same transitions;
@@ -20,7 +20,7 @@ from typing import Any
 
 from edgebatch.errors import TrainingError
 from edgebatch.governor import Governor, Observation
-from edgebatch.training.loop import _GovernedLoop
+from edgebatch.training.governed_loop import _GovernedLoop
 from edgebatch.training.records import OomEvent
 from edgebatch.training.workers import WorkerGroup, WorkerStatus, merge_observations
 
