@@ -3,7 +3,7 @@
 Both depend on the TensorFlow inter-op threads the workers ran with (edgebatch/threads.py): with
 TensorFlow's own pool the same batch reads differently between processes and the edge of a bump
 moves; with one thread (the default) neither does. The probe (api.py), the per-length token model
-(token_fit.py), the CLI's `show` and the benchmarks read these from here, so every reading of a
+(token_fit.py), `edgebatch profile show` and the benchmarks read these from here, so every reading of a
 profile judges its trials against the same figure.
 """
 
