@@ -85,9 +85,13 @@ def _stop_signals_as_at_a_terminal() -> None:
 def _why_it_did_not_stop(process, marker, seen) -> str:
     """What a probe that outlived its signal's 60 s was doing: where its threads were (SIGABRT makes
     faulthandler print them), or, where it had exited, that something else held its pipes open.
-    Seen once in six suite runs at 941526c (AMD EPYC); not reproduced alone in six runs, nor in 25 with
-    the signal 0-12 s after the first fit (`python tools/stop_timing.py --delay 12 --random --repeats 25`:
-    every probe exited within 0.1-0.4 s)."""
+    The test hung once in six suite runs at 941526c, and in 2 of 19 runs of this module on
+    2026-12-06 (AMD EPYC; [sigterm] once, [ctrl-c] once). The second dump showed why: the stopping
+    probe waited for ever in Worker.close, in Popen.wait(), on a lock that the interrupt had left
+    held inside an earlier Popen.poll() (edgebatch/probing/reaping.py says how, and why a signal
+    sent on a trial's line meets that window). Workers and the fork server are now killed and
+    reaped without that lock; tests/test_probe_worker_faults.py holds the lock as the interrupt
+    leaves it."""
     exited = process.poll()
     if exited is None:
         process.send_signal(signal.SIGABRT)

@@ -135,6 +135,45 @@ def test_a_stopping_probe_kills_a_worker_mid_trial_without_waiting_for_it(monkey
     assert worker.process.returncode == -signal.SIGKILL
 
 
+def _close_in_a_thread(close, seconds: float) -> bool:
+    """Whether close() returned within `seconds` (run in a daemon thread, so a hang fails the test
+    instead of hanging the suite)."""
+    import threading
+
+    thread = threading.Thread(target=close, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
+@pytest.mark.parametrize("at_once", [True, False], ids=["stopping", "done"])
+def test_a_worker_closes_when_an_interrupt_left_popens_lock_held(monkeypatch, at_once):
+    """An interrupt raised inside Popen.poll() between its lock's acquire and its try leaves the
+    lock held (reaping.py). A probe stopped by Ctrl-C then hung for ever in Worker.close, in
+    Popen.wait(), at `with self._waitpid_lock` (tests/test_probe_models.py, 1 run in 6 of that
+    module). Here the lock is held as that interrupt leaves it, and the worker is mid-trial."""
+    monkeypatch.setattr(worker_module, "CLOSE_WAIT_SECONDS", 1.0)
+    worker = fake_worker("hang")
+    worker.process.stdin.write(b'{"batch": 8}\n')
+    worker.process.stdin.flush()
+    assert worker.process._waitpid_lock.acquire(False)  # what the interrupted poll() left behind
+    assert _close_in_a_thread(lambda: worker.close(at_once=at_once), 20), "close() hung on Popen's lock"
+    assert worker.process.returncode == -signal.SIGKILL
+    assert process_gone(worker.process.pid)
+
+
+def test_the_fork_server_closes_when_an_interrupt_left_popens_lock_held():
+    """The same for the fork server's own process (ForkServer.close), started here without its
+    TensorFlow import finished: close() kills it wherever it is."""
+    from edgebatch.probing.forkserver import ForkServer
+
+    server = ForkServer(dict(os.environ))
+    assert server.process._waitpid_lock.acquire(False)
+    assert _close_in_a_thread(server.close, 20), "ForkServer.close() hung on Popen's lock"
+    assert server.process.returncode == -signal.SIGKILL
+    assert process_gone(server.process.pid)
+
+
 def test_ctrl_c_during_side_by_side_repeats_kills_their_workers_at_once(monkeypatch):
     """The answer's repeats run two or more new processes at once (api._repeats_side_by_side). With
     a thread per worker, SIGTERM there waited for every trial to end (19 s for small_cnn under

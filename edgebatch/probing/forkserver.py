@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from edgebatch.probing.reaping import kill_and_reap
+
 ENV_DISABLE = "EDGEBATCH_NO_FORK_SERVER"
 _PR_SET_PDEATHSIG = 1
 _PAGEMAP_PRESENT = 0x80  # bit 63 of a little-endian pagemap entry, in its last byte
@@ -120,9 +122,7 @@ class ForkServer:
             return -signal.SIGKILL
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        kill_and_reap(self.process)  # not Popen.kill and wait: an interrupt can leave Popen's lock held (reaping.py)
         self._socket.close()
         self._stderr.close()
 

@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 
 from edgebatch.errors import ProbeError, UsageError
+from edgebatch.probing.reaping import kill_and_reap
 from edgebatch.probing.trial import swap_grew
 
 PREFIX = "@@edgebatch "
@@ -287,8 +288,7 @@ class Worker:
             except subprocess.TimeoutExpired:
                 pass
             if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
+                _kill(self.process)
         for stream in (self.process.stdin, self.process.stdout):
             try:
                 stream.close()
@@ -416,9 +416,14 @@ def await_ready(worker: Worker) -> Worker:
     return worker
 
 
-def _kill(process: subprocess.Popen) -> None:
-    process.kill()
-    process.wait()
+def _kill(process) -> None:
+    """SIGKILL `process` and reap it: a new process without Popen's own lock, which an interrupt can
+    leave held (reaping.kill_and_reap); a fork server's child through its server."""
+    if isinstance(process, subprocess.Popen):
+        kill_and_reap(process)
+    else:
+        process.kill()
+        process.wait()
 
 
 # ---- the worker side -------------------------------------------------------------------------
