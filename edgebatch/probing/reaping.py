@@ -10,9 +10,10 @@ release it.
 
 A probe meets that window more often than chance would have it. It polls its worker right after
 printing a trial's line (Worker.can_run), and a user, or a test, sends Ctrl-C or SIGTERM when it
-sees a line. tests/test_probe_models.py's Ctrl-C/SIGTERM test hung there in 1 run of 6 of that
-module on an AMD EPYC host (2026-12-06): faulthandler showed the stopping probe in Worker.close,
-at `with self._waitpid_lock` inside `Popen.wait()`, after its SIGKILL to the scout.
+sees a line. tests/test_probe_models.py's Ctrl-C/SIGTERM test, which signals on the first trial's
+line, hung in 2 of 19 runs of that module on an AMD EPYC host (2026-12-06), and once in six suite
+runs before. The second hang's faulthandler dump showed the stopping probe in Worker.close, at
+`with self._waitpid_lock` inside `Popen.wait()`, after its SIGKILL to the scout.
 
 `kill_and_reap` does what `kill(); wait()` do, with os.kill and os.waitpid, and never touches the
 lock.
