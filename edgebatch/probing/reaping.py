@@ -29,10 +29,11 @@ import subprocess
 def kill_and_reap(process: subprocess.Popen) -> int:
     """SIGKILL `process` unless it is known to have ended, wait for it, and return its return code.
 
-    Without Popen's lock (module docstring). Only a child that Popen has not reaped is signalled: until
-    it is reaped its pid cannot go to another process. (If an interrupt landed after Popen's own
-    waitpid reaped it and before Popen stored the code, the code is lost: then the child is gone,
-    os.waitpid says so, and this returns -SIGKILL.)
+    Without Popen's lock (module docstring). A child whose code Popen stored is not signalled, and
+    an unreaped child's pid cannot go to another process. One gap is left: an interrupt after
+    Popen's own waitpid reaped the child and before Popen stored its code. Then the pid is free, the
+    SIGKILL finds no process (or, were the pid reused in that moment, another one), os.waitpid finds
+    no child, and this returns -SIGKILL.
     """
     if process.returncode is not None:
         return process.returncode
