@@ -12,7 +12,7 @@ baseline (the model, its optimizer slots and TensorFlow, read before any trial):
 
 For each slow_start run of a probe benchmark's results file (`tools/bench/run.py --only probe`) whose
 fresh readings differ by more than the noise, it prints both judged budgets and the largest batch
-whose lowest fresh reading in the run fits each. That is what each rule would pass among the
+whose lowest fresh reading in the run fits each, then the benchmark truth's readings. That is what each rule would pass among the
 readings the run made, not the answer a search under the other rule would have given: its trials
 would have gone elsewhere. It needs trial logs that say which trials ran in fresh workers and how
 they were started (`fresh`, `forked`), which the benchmark records since 7170769 (its first full run: 0258707).
@@ -26,7 +26,13 @@ import argparse
 import json
 
 from edgebatch.probing.margins import fit_budget_bytes
-from edgebatch.probing.outcomes import SPREAD_NOISE_FRACTION, Outcome, lowered_by_spread, peak_spread_fraction
+from edgebatch.probing.outcomes import (
+    SPREAD_NOISE_FRACTION,
+    Outcome,
+    lowered_by_spread,
+    peak_spread_fraction,
+    repeated_fresh_readings,
+)
 
 MIB = 2**20
 
@@ -40,22 +46,16 @@ def outcomes_of(trial_log: list[dict]) -> list[Outcome]:
 def fresh_readings_by_batch(outcomes: list[Outcome]) -> dict[int, list[Outcome]]:
     by_batch: dict[int, list[Outcome]] = {}
     for o in outcomes:
-        if o.fresh and o.ran and o.peak_bytes > 0:
+        if o.fresh and o.reading and o.peak_bytes > 0:
             by_batch.setdefault(o.batch, []).append(o)
     return by_batch
 
 
-def widest_jump(by_batch: dict[int, list[Outcome]], baseline_bytes: float) -> tuple[float, int, float]:
-    """(k, the batch it was read at, the jump in bytes): high and low as peak_spread_fraction takes them."""
-    jumps = []
-    for batch, readings in by_batch.items():
-        if len(readings) < 2:
-            continue
-        in_new_processes = [o.peak_bytes for o in readings if o.forked is not True]
-        high = max(in_new_processes or [o.peak_bytes for o in readings])
-        low = min(o.peak_bytes for o in readings)
-        jumps.append(((high - low) / (low - baseline_bytes), batch, high - low))
-    return max(jumps)
+def widest_jump(outcomes: list[Outcome], baseline_bytes: float) -> tuple[float, int, float]:
+    """(k, the batch it was read at, the jump in bytes), from the high and low readings the search's
+    spread is taken from (outcomes.repeated_fresh_readings)."""
+    return max(((high - low) / (low - baseline_bytes), batch, high - low)
+               for batch, (high, low) in repeated_fresh_readings(outcomes).items())
 
 
 def largest_passing(by_batch: dict[int, list[Outcome]], limit_bytes: float) -> int | None:
@@ -84,7 +84,7 @@ def main() -> None:
             budget = fit_budget_bytes(scenario["scenario"]["budget_bytes"] or run["budget_bytes"], 1)  # a cap: the worker's own
             baseline = run["baseline_bytes"]
             by_batch = fresh_readings_by_batch(outcomes)
-            k, at_batch, jump = widest_jump(by_batch, baseline)
+            k, at_batch, jump = widest_jump(outcomes, baseline)
             whole = lowered_by_spread(budget, spread)
             above_baseline = (budget + k * baseline) / (1 + k)
             print(f"{scenario['scenario']['name']}, run {run['repeat'] + 1}: answered {run['found']}, truth {truth}; "
@@ -92,7 +92,15 @@ def main() -> None:
                   f"  budget / (1 + spread):            {whole / MIB:8.1f} MiB; largest recorded batch passing: "
                   f"{largest_passing(by_batch, whole)}\n"
                   f"  jump scaled above the baseline:   {above_baseline / MIB:8.1f} MiB; largest recorded batch passing: "
-                  f"{largest_passing(by_batch, above_baseline)}")
+                  f"{largest_passing(by_batch, above_baseline)}\n"
+                  f"  the truth's new processes (MiB):  {truth_readings(scenario.get('truth') or {})}")
+
+
+def truth_readings(truth: dict) -> str:
+    """Each batch the benchmark's truth read, with its fresh processes' peaks, low to high."""
+    return "; ".join(f"{check['batch']} {'fits' if check['fits'] else 'fails'} "
+                     + ", ".join(f"{peak / MIB:,.1f}" for peak in sorted(peak for peak in check.get("peaks") or [] if peak))
+                     for check in sorted(truth.get("checks") or [], key=lambda check: check["batch"]))
 
 
 if __name__ == "__main__":

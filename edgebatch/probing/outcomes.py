@@ -335,18 +335,24 @@ def peak_spread_fraction(outcomes: Sequence[Outcome]) -> float:
     processes (mobilenet_v2: 1,519.3 against 1,520.7-1,521.2 MiB on an AMD EPYC host) still widens
     the spread.
     """
+    return max((high / low - 1 for high, low in repeated_fresh_readings(outcomes).values()), default=0.0)
+
+
+def repeated_fresh_readings(outcomes: Sequence[Outcome]) -> dict[int, tuple[float, float]]:
+    """{batch: (high, low)} for each batch read fresh more than once, high and low as
+    peak_spread_fraction takes them (its docstring says why a child's reading is not a high)."""
     by_batch: dict[int, list[Outcome]] = {}
     for o in outcomes:
         if o.fresh and o.reading and o.peak_bytes > 0:
             by_batch.setdefault(o.batch, []).append(o)
-    spreads = []
-    for readings in by_batch.values():
+    repeated = {}
+    for batch, readings in by_batch.items():
         if len(readings) < 2:
             continue
         in_new_processes = [o.peak_bytes for o in readings if o.forked is not True]
         high = max(in_new_processes or [o.peak_bytes for o in readings])
-        spreads.append(high / min(o.peak_bytes for o in readings) - 1)
-    return max(spreads, default=0.0)
+        repeated[batch] = (high, min(o.peak_bytes for o in readings))
+    return repeated
 
 
 def effective_budget_bytes(outcomes: Sequence[Outcome], budget_bytes: float) -> int:
