@@ -136,3 +136,65 @@ def _alive(pid: int) -> bool:
             return handle.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _server_on_a_thread():
+    """A ForkServer handle talking to `forkserver._serve` on a thread of this process (no TensorFlow):
+    it answers status requests about this process's own children as the real server does."""
+    import socket
+    import threading
+
+    from edgebatch.probing import forkserver
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    handle = ForkServer.__new__(ForkServer)
+    handle._socket = ours
+    handle._last_request_id = 0
+    handle._received = b""
+    handle.resident_pages = 0
+    threading.Thread(target=forkserver._serve, args=(theirs, []), daemon=True).start()
+    return handle
+
+
+def test_a_status_call_after_an_interrupted_one_reads_its_own_reply(monkeypatch):
+    """An interrupt after a status request went out and before its reply was read leaves that reply
+    in the socket; the next call must skip it, not return it (a running worker read as finished)."""
+    handle = _server_on_a_thread()
+    finished = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 20
+        while handle.status(finished.pid) is None:
+            assert time.monotonic() < deadline, "the finished child was never reported"
+            time.sleep(0.05)
+        receive = ForkServer._receive
+
+        def interrupted(self, request_id=None):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(ForkServer, "_receive", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            handle.status(finished.pid)  # its reply, 3, stays unread
+        monkeypatch.setattr(ForkServer, "_receive", receive)
+        assert handle.status(running.pid) is None
+        assert handle.status(finished.pid) == 3
+        assert handle._received == b""
+    finally:
+        running.kill()
+        running.wait()
+        handle._socket.close()
+
+
+def test_a_garbled_reply_is_a_fork_server_error():
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    handle = ForkServer.__new__(ForkServer)
+    handle._socket, handle._received, handle._last_request_id = ours, b"", 0
+    try:
+        theirs.sendall(b'{"returncode": 0, "id"\n')
+        with pytest.raises(ForkServerError, match="garbled"):
+            handle._receive(1)
+    finally:
+        ours.close()
+        theirs.close()

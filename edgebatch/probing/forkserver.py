@@ -73,6 +73,8 @@ class ForkServer:
         theirs.close()
         self._startup_deadline_seconds = startup_deadline_seconds
         self.resident_pages: int | None = None  # known once the server said it is ready
+        self._last_request_id = 0
+        self._received = b""  # bytes read past the last reply line
 
     def wait_ready(self) -> None:
         """Block until the server has imported TensorFlow (it starts in the background); raise if it cannot."""
@@ -96,10 +98,12 @@ class ForkServer:
         stdin_read, stdin_write = os.pipe()
         stdout_read, stdout_write = os.pipe()
         try:
-            message = json.dumps({"op": "fork", "env": env}).encode() + b"\n"
+            request_id = self._new_request_id()
+            message = json.dumps({"op": "fork", "env": env, "id": request_id}).encode() + b"\n"
             socket.send_fds(self._socket, [message], [stdin_read, stdout_write, stderr_fd])
-            reply = self._receive()
-        except (OSError, ForkServerError):
+            reply = self._receive(request_id)
+        except BaseException:
+            # An interrupt too: with its stdin closed, a child forked for this request exits.
             os.close(stdin_write)
             os.close(stdout_read)
             raise
@@ -115,8 +119,9 @@ class ForkServer:
     def status(self, pid: int) -> int | None:
         """The child's return code (negative: killed by that signal) or None while it runs."""
         try:
-            self._socket.sendall(json.dumps({"op": "status", "pid": pid}).encode() + b"\n")
-            return self._receive().get("returncode")
+            request_id = self._new_request_id()
+            self._socket.sendall(json.dumps({"op": "status", "pid": pid, "id": request_id}).encode() + b"\n")
+            return self._receive(request_id).get("returncode")
         except (OSError, ForkServerError):
             # The server is gone, and its children with it (PR_SET_PDEATHSIG).
             return -signal.SIGKILL
@@ -126,17 +131,32 @@ class ForkServer:
         self._socket.close()
         self._stderr.close()
 
-    def _receive(self) -> dict:
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = self._socket.recv(65536)
-            if not chunk:
-                raise ForkServerError("fork server closed its socket")
-            data += chunk
-        try:
-            return json.loads(data)
-        except ValueError as error:
-            raise ForkServerError(f"fork server sent a garbled reply: {data[:80]!r}") from error
+    def _new_request_id(self) -> int:
+        self._last_request_id += 1
+        return self._last_request_id
+
+    def _receive(self, request_id: int | None = None) -> dict:
+        """The server's reply to request `request_id` (None: its ready message).
+
+        Replies to earlier requests are skipped: an interrupt that lands after a request went out and
+        before its reply was read leaves that reply in the socket, and without the id every later
+        call would read the reply to the call before it (a running worker read as finished).
+        """
+        while True:
+            while b"\n" not in self._received:
+                chunk = self._socket.recv(65536)
+                if not chunk:
+                    raise ForkServerError("fork server closed its socket")
+                self._received += chunk
+            line, self._received = self._received.split(b"\n", 1)
+            try:
+                reply = json.loads(line)
+            except ValueError as error:
+                raise ForkServerError(f"fork server sent a garbled reply: {line[:80]!r}") from error
+            if not isinstance(reply, dict):
+                raise ForkServerError(f"fork server sent a garbled reply: {line[:80]!r}")
+            if reply.get("id") == request_id:
+                return reply
 
 
 class ForkedProcess:
@@ -266,7 +286,7 @@ def _serve(connection: socket.socket, pages: array.array) -> None:
                     if done:
                         finished[pid] = os.waitstatus_to_exitcode(status)
                 reply = {"returncode": finished.get(pid)}
-            connection.sendall(json.dumps(reply).encode() + b"\n")
+            connection.sendall(json.dumps({**reply, "id": request.get("id")}).encode() + b"\n")
 
 
 def server_main(argv: list[str]) -> int:
