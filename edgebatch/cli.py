@@ -139,12 +139,26 @@ def _inter_op_note(search: dict) -> str:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--no-tensorflow", is_flag=True, help="Do not import TensorFlow (faster; omits TF's view of devices).")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also print what TensorFlow's runtime logged while it listed devices (on stderr).")
 @_handle_errors
-def devices(as_json, no_tensorflow):
-    """Show the CPU, memory limits, pressure and GPUs edgebatch sees."""
+def devices(as_json, no_tensorflow, verbose):
+    """Show the CPU, memory limits, pressure and GPUs edgebatch sees.
+
+    TensorFlow's native start-up log is held back (it is shown with --verbose, and on its own where
+    TensorFlow lists fewer GPUs than NVML, since it then says why).
+    """
+    from edgebatch.native_stderr import held_native_stderr
     from edgebatch.sensors import describe_devices, format_devices_text
 
-    info = describe_devices(include_tensorflow=not no_tensorflow)
+    with held_native_stderr() as tensorflow_log:
+        info = describe_devices(include_tensorflow=not no_tensorflow)
+    missing_gpus = info["tensorflow"] is not None and len(info["tensorflow"]["gpu_devices"]) < sum(
+        1 for gpu in info["gpus"] if gpu.get("index") is not None)
+    if (verbose or missing_gpus) and tensorflow_log():
+        if missing_gpus and not verbose:
+            _echo_err("TensorFlow lists fewer GPUs than NVML; its runtime logged:")
+        _echo_err(tensorflow_log().rstrip("\n"))
     click.echo(json.dumps(info, indent=2) if as_json else format_devices_text(info))
 
 

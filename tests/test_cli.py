@@ -95,6 +95,38 @@ def test_devices_json_without_tensorflow(runner):
     assert info["cpu"]["cores_logical"] >= 1
 
 
+def test_devices_holds_back_tensorflows_native_log():
+    """`import tensorflow` writes absl/oneDNN/cuInit lines to fd 2 on this host kind; the table is
+    what `edgebatch devices` prints, and nothing on stderr."""
+    done = subprocess.run([sys.executable, "-m", "edgebatch", "devices"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "TensorFlow  " in done.stdout and "not inspected" not in done.stdout
+    assert done.stderr == ""
+
+
+def _devices_that_log(gpus, tf_gpus):
+    def describe_devices(include_tensorflow=True):
+        os.write(2, b"I0000 native line from the runtime\n")
+        return {"cpu": {}, "gpus": gpus, "nvml": {}, "tensorflow": {"version": "x", "gpu_devices": tf_gpus}}
+    return describe_devices
+
+
+@pytest.mark.parametrize(("args", "gpus", "tf_gpus", "shown"), [
+    ([], [], [], False),
+    (["--verbose"], [], [], True),
+    ([], [{"index": 0}], ["GPU:0"], False),
+    ([], [{"index": 0}], [], True),  # TensorFlow misses a GPU NVML sees: its log says why
+])
+def test_devices_shows_the_native_log_only_where_it_is_wanted(monkeypatch, capfd, args, gpus, tf_gpus, shown):
+    import edgebatch.sensors
+
+    monkeypatch.setattr(edgebatch.sensors, "describe_devices", _devices_that_log(gpus, tf_gpus))
+    result = CliRunner().invoke(main, ["devices", "--json", *args])
+    assert result.exit_code == 0, result.output
+    assert ("native line from the runtime" in result.output) is shown
+    assert "native line" not in capfd.readouterr().err  # held back from the real fd 2 either way
+
+
 @pytest.mark.slow
 def test_probe_json_end_to_end_in_a_subprocess(tmp_path):
     env = {**os.environ, "EDGEBATCH_PROFILES": str(tmp_path)}
