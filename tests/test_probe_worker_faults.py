@@ -362,3 +362,33 @@ def test_a_trial_whose_swap_grew_fails(tiny_runner, monkeypatch, swap_step_bytes
     assert result["ok"] is ok
     if not ok:
         assert result["error"] == "swapped" and "grew" in result["detail"]
+
+
+# ---- a closed worker ends without Python's interpreter shutdown --------------------------------
+
+
+@pytest.mark.slow  # a real worker: a TensorFlow import and a tiny model
+def test_a_closed_worker_exits_0_without_interpreter_shutdown(tmp_path, monkeypatch):
+    """Interpreter shutdown (TensorFlow's teardown) took 1.3-1.9 s per new-process worker, on the
+    probe's critical path (tools/worker_exit_check.py). The worker now flushes and leaves with
+    os._exit: its replies all arrive, its exit code is 0, and atexit handlers, which only an
+    interpreter shutdown runs, do not run."""
+    marker = tmp_path / "interpreter_shut_down"
+    (tmp_path / "sitecustomize.py").write_text(
+        "import atexit, os\n"
+        "if os.environ.get('EDGEBATCH_TEST_ATEXIT_MARKER'):\n"
+        "    atexit.register(lambda: open(os.environ['EDGEBATCH_TEST_ATEXIT_MARKER'], 'w').close())\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("EDGEBATCH_TEST_ATEXIT_MARKER", str(marker))
+    # The stand-in shows the marker works: a plain Python process that exits normally writes it.
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert marker.exists(), "sitecustomize's atexit handler did not run in a plain process"
+    marker.unlink()
+    worker = start_worker(WorkerSetup(model_spec="mlp", device="CPU:0", steps_per_trial=1, trial_seconds=1.0))
+    try:
+        assert worker.run_trial(8)["ok"]
+    finally:
+        worker.close()
+    assert worker.process.returncode == 0
+    assert not marker.exists(), "the worker ran Python's interpreter shutdown"
