@@ -392,3 +392,18 @@ def test_a_closed_worker_exits_0_without_interpreter_shutdown(tmp_path, monkeypa
         worker.close()
     assert worker.process.returncode == 0
     assert not marker.exists(), "the worker ran Python's interpreter shutdown"
+
+
+@pytest.mark.slow  # a real worker: a TensorFlow import before it builds the model
+@pytest.mark.parametrize(("exit_call", "code", "said"), [("sys.exit(3)", 3, None),
+                                                         ("sys.exit('no data here')", 1, "no data here")])
+def test_a_model_that_calls_sys_exit_ends_the_worker_with_its_code_and_message(tmp_path, exit_call, code, said):
+    model = tmp_path / "exits.py"
+    model.write_text(f"import sys\n\ndef build():\n    {exit_call}\n")
+    with pytest.raises(ProbeError) as failed:
+        start_worker(WorkerSetup(model_spec=f"{model}:build", device="CPU:0"))
+    message = str(failed.value)
+    assert f"worker exited with code {code}" in message, message
+    assert "Traceback" not in message
+    if said:
+        assert said in message, message

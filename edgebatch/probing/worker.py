@@ -659,6 +659,10 @@ def exit_without_teardown(code: int) -> None:
 if __name__ == "__main__":
     try:
         exit_code = worker_main()
+    except SystemExit as stop:  # from a user's model code, say: its code and message, as sys.exit gives them
+        if stop.code is not None and not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
+        exit_code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
     except BaseException:  # noqa: BLE001 - an unexpected error still prints its traceback
         import traceback
 
