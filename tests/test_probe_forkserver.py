@@ -147,12 +147,14 @@ def _server_on_a_thread():
     from edgebatch.probing import forkserver
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    handle = ForkServer.__new__(ForkServer)
-    handle._socket = ours
-    handle._last_request_id = 0
-    handle._received = b""
-    handle.resident_pages = 0
     threading.Thread(target=forkserver._serve, args=(theirs, []), daemon=True).start()
+    return _handle_on(ours)
+
+
+def _handle_on(ours):
+    """A ForkServer handle on one end of a socket pair, with no server process of its own."""
+    handle = ForkServer.__new__(ForkServer)
+    handle._socket, handle._received, handle._last_request_id, handle.resident_pages = ours, b"", 0, 0
     return handle
 
 
@@ -189,8 +191,7 @@ def test_a_garbled_reply_is_a_fork_server_error():
     import socket
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    handle = ForkServer.__new__(ForkServer)
-    handle._socket, handle._received, handle._last_request_id = ours, b"", 0
+    handle = _handle_on(ours)
     try:
         theirs.sendall(b'{"returncode": 0, "id"\n')
         with pytest.raises(ForkServerError, match="garbled"):

@@ -6,7 +6,7 @@ Each worker runs one trial at BATCH, then is closed the way a probe closes it be
 trial: its input is closed and the probe waits for it to exit. Three kinds are timed:
 
 - `new process`: `python -m edgebatch.probing.worker`, which ends with
-  worker.exit_without_teardown (os._exit after a flush);
+  worker.run_and_exit (os._exit after a flush);
 - `new process, interpreter shutdown`: the same worker_main run through `sys.exit`, which is how
   workers ended before (Python's shutdown, TensorFlow's teardown included);
 - `fork-server child`: forked from a fork server, which ends with os._exit.

@@ -231,8 +231,8 @@ def _die_with_parent(expected_parent: int) -> None:
 
 
 def _child(connection: socket.socket, fds: list[int], env: dict[str, str], pages: array.array) -> None:
-    """In the forked child: become a fresh worker on the given descriptors, then run the worker."""
-    code = 1
+    """In the forked child: become a fresh worker on the given descriptors, then run the worker,
+    which ends the process (worker.run_and_exit) as a new process's worker ends."""
     try:
         connection.close()
         os.setsid()
@@ -244,20 +244,13 @@ def _child(connection: socket.socket, fds: list[int], env: dict[str, str], pages
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", line_buffering=True)
         os.environ.update(env)
         touch_pages(pages)
-        from edgebatch.probing.worker import worker_main
-
-        code = worker_main()
+        from edgebatch.probing.worker import run_and_exit
     except BaseException as error:  # noqa: BLE001 - the child must never return into the server loop
         try:
-            print(f"forked worker failed: {type(error).__name__}: {error}", file=sys.stderr)
-        except Exception:  # noqa: BLE001
-            pass
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            print(f"forked worker failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         finally:
-            os._exit(code if isinstance(code, int) else 1)
+            os._exit(1)
+    run_and_exit()
 
 
 def _serve(connection: socket.socket, pages: array.array) -> None:

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from edgebatch.errors import ProbeError, UsageError
 from edgebatch.probing.reaping import kill_and_reap
@@ -636,36 +637,45 @@ def worker_main() -> int:
     return 0
 
 
-def exit_without_teardown(code: int) -> None:
-    """Flush this worker's output and end the process without Python's interpreter shutdown.
+def run_and_exit() -> NoReturn:
+    """Run worker_main and end the process with its code, without Python's interpreter shutdown.
 
-    Everything a worker has to say is sent by then, and nothing it holds needs an orderly end: the
-    kernel frees its memory and descriptors either way. The shutdown itself was costly: closed after
-    a trial, a new process's worker took a median 1.27-1.57 s to exit through `sys.exit` (1.27-1.87 s
-    in all; TensorFlow's teardown) and 0.11-0.16 s this way, where a fork-server child, which ends
-    with os._exit too, took 0.08-0.10 s (dense_wide at 240 and small_cnn at 128, AMD EPYC host,
-    2026-12-06: `python tools/worker_exit_check.py [MODEL BATCH]`). A probe closes its workers before
-    each fresh trial and waits for them, so that time was paid once per new process, on the probe's
-    critical path.
+    How every worker ends, a new process (`python -m edgebatch.probing.worker`) and a fork-server
+    child alike. A SystemExit (from a user's model code, say) keeps its code and message, as Python's
+    own exit gives them; any other error prints its traceback and ends the worker with 1. Nothing
+    escapes: a fork-server child must never return into the server's loop.
+
+    The output is flushed and the process ends with os._exit. Everything a worker has to say is sent
+    by then, and nothing it holds needs an orderly end: the kernel frees its memory and descriptors
+    either way. The shutdown was costly: closed after a trial, a new process's worker took a median
+    1.27-1.68 s to exit through `sys.exit` (1.27-1.87 s in all; TensorFlow's teardown) and 0.11-0.16 s
+    this way, where a fork-server child, which already ended with os._exit, took 0.08-0.10 s
+    (dense_wide at 240 and small_cnn at 128, AMD EPYC host, 2026-12-06: `python
+    tools/worker_exit_check.py [MODEL BATCH]`). A probe closes its workers before each fresh trial and
+    waits for them, so that time was paid once per new process, on the probe's critical path.
     """
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
-if __name__ == "__main__":
+    code = 1
     try:
-        exit_code = worker_main()
-    except SystemExit as stop:  # from a user's model code, say: its code and message, as sys.exit gives them
-        if stop.code is not None and not isinstance(stop.code, int):
+        code = worker_main()
+    except SystemExit as stop:
+        if stop.code is None:
+            code = 0
+        elif isinstance(stop.code, int):
+            code = stop.code
+        else:
             print(stop.code, file=sys.stderr)
-        exit_code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
     except BaseException:  # noqa: BLE001 - an unexpected error still prints its traceback
         import traceback
 
         traceback.print_exc()
-        exit_code = 1
-    exit_without_teardown(exit_code if isinstance(exit_code, int) else 1)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    run_and_exit()
