@@ -4,6 +4,8 @@ The reuse rules and budget checks are pure and tested by table; one real probe (
 worker) shows the probe says in one line why it reused or probed again.
 """
 
+import json
+
 import pytest
 
 from edgebatch.errors import UsageError
@@ -332,6 +334,40 @@ def test_the_probe_says_why_it_reused_or_probed_again(tmp_path):
     _, line = _probe_until_decided(tmp_path, memory_budget="2GiB", max_batch_limit=32)
     assert "budget 4.00 GiB differs from this probe's 2.00 GiB" in line
     assert sorted(tmp_path.iterdir()) == saved, "a stopped probe writes nothing"
+    _reuse_with_a_scout_that_never_gets_ready(tmp_path, first)
+
+
+# A scout that says what the model is and then stays busy, as a real one does while it traces.
+_BUSY_SCOUT = '''
+import json, sys, time
+sys.stdin.readline()
+print("@@edgebatch " + json.dumps({"identity": True, **json.loads(sys.argv[1])}), flush=True)
+time.sleep(600)
+'''
+
+
+def _reuse_with_a_scout_that_never_gets_ready(directory, first):
+    """Reuse is decided on the scout's identity message alone: the probe answers from the cache and
+    stops the scout without waiting for its trace (the step a reused profile never runs)."""
+    import sys
+
+    from edgebatch import probe
+    from edgebatch.probing import api, worker
+
+    identity = {"name": first.model["name"], "config_hash": first.model["config_hash"],
+                "inputs": first.model["inputs"], "tensorflow": first.versions["tensorflow"], "gpu": None}
+    scouts = []
+
+    def spawn_busy_scout(setup):
+        scouts.append(worker.spawn_worker(setup, command=[sys.executable, "-c", _BUSY_SCOUT, json.dumps(identity)]))
+        return scouts[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(api, "spawn_worker", spawn_busy_scout)
+        again = probe("mlp", device="CPU:0", memory_budget="4GiB", max_batch_limit=32, profiles_dir=directory,
+                      answer_readings=1, progress=lambda line: None)
+    assert again.created_at == first.created_at
+    assert len(scouts) == 1 and scouts[0].process.poll() is not None, "the busy scout was stopped"
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """`edgebatch.probe(...)`: find a device's safe batch ceiling for a model and cache it.
 
 The recipe: resolve the device and budget; start a scout worker (it builds the model and traces the
-step); look for a cached profile; run the search (search.py decides, workers measure); summarise;
+step); look for a cached profile as soon as the scout says what the model is (before its trace, which
+a reused profile does not wait for); run the search (search.py decides, workers measure); summarise;
 write the profile atomically. The parent process never imports TensorFlow, so its own memory stays
 out of the measurement and a crashing trial cannot take the probe down.
 """
@@ -50,6 +51,7 @@ from edgebatch.probing.worker import (
     MEASURE_FIELDS,
     Worker,
     WorkerSetup,
+    await_identity,
     await_ready,
     spawn_worker,
     start_worker,
@@ -317,35 +319,25 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
     )
     started = time.monotonic()
     progress(f"probing {spec.text} on {device} ({facts.description}), budget {format_bytes(budget_bytes)} ({budget_source})")
-    scout = start_worker(setup)
+    scout = spawn_worker(setup)
     workers: list[Worker] = [scout]
     fork = None
-    stopping = False
+    at_once = False
     try:
-        model_facts = scout.facts
-        # The worker says what its trials measure (worker.measure_of) and, on a GPU NVML does not
-        # see, what TensorFlow calls it.
-        measure = model_facts["measure"]
-        if model_facts.get("inter_op_threads") != setup.inter_op_threads:
-            raise ProbeError(
-                f"the probe's worker runs {model_facts.get('inter_op_threads')} TensorFlow inter-op threads where "
-                f"{setup.inter_op_threads} were asked for: its readings would not describe the setting the profile records"
-            )
-        facts = with_worker_gpu_details(facts, model_facts.get("gpu"))
-        _refuse_budget_below_baseline(budget_bytes, model_facts, measure, device)
-        # What one-shot estimators start from: the worker's memory before any trial batch.
-        baseline = model_facts.get(BASELINE_FIELDS[measure])
-        config = dataclasses.replace(config, baseline_bytes=baseline)
+        # What the model is, as soon as the scout has built it: a cached profile is found (or not)
+        # without waiting for the trace, which takes most of a large model's start-up.
+        identity = await_identity(scout)
+        facts = with_worker_gpu_details(facts, identity.get("gpu"))
         # Built-ins are known by their name; a user's function or file by the model's own name.
-        name = spec.name if spec.kind == "builtin" else model_facts["name"]
-        per_length.check_sequence_axis(name, lengths, model_facts.get("variable_sequence_axis", False))
+        name = spec.name if spec.kind == "builtin" else identity["name"]
+        per_length.check_sequence_axis(name, lengths, identity.get("variable_sequence_axis", False))
         key = model_key(
             name,
-            model_facts["config_hash"],
-            model_facts["inputs"],
+            identity["config_hash"],
+            identity["inputs"],
             request.precision,
             request.optimizer,
-            model_facts["tensorflow"],
+            identity["tensorflow"],
             optimize=request.optimize,
             seq_lens=lengths,
         )
@@ -359,10 +351,24 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
                     f"reusing cached profile {directory / cached.path_name}: same device, model and settings, "
                     f"budget within {BUDGET_TOLERANCE_FRACTION:.0%} (--force probes again)"
                 )
+                at_once = True  # the scout is still tracing a step no trial will use
                 return cached
             progress(f"not reusing cached profile {directory / cached.path_name}: {problem}; probing again")
         elif not force:
             progress(f"no cached profile for this device and model in {directory}; probing")
+        model_facts = await_ready(scout).facts
+        # The worker says what its trials measure (worker.measure_of) and, on a GPU NVML does not
+        # see, what TensorFlow calls it.
+        measure = model_facts["measure"]
+        if model_facts.get("inter_op_threads") != setup.inter_op_threads:
+            raise ProbeError(
+                f"the probe's worker runs {model_facts.get('inter_op_threads')} TensorFlow inter-op threads where "
+                f"{setup.inter_op_threads} were asked for: its readings would not describe the setting the profile records"
+            )
+        _refuse_budget_below_baseline(budget_bytes, model_facts, measure, device)
+        # What one-shot estimators start from: the worker's memory before any trial batch.
+        baseline = model_facts.get(BASELINE_FIELDS[measure])
+        config = dataclasses.replace(config, baseline_bytes=baseline)
         optimized = "" if request.optimize == "none" else f", TFMOT {request.optimize}"
         progress(
             f"model {model_facts['name']}: {model_facts['parameters']:,} parameters, {model_facts['keras_flavor']}{optimized}"
@@ -374,11 +380,11 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             trials, final = _search(config, setup, workers, measure, progress, fork)
     except BaseException:
         # Ctrl-C, SIGTERM or an error: a worker in the middle of a trial is killed, not waited for.
-        stopping = True
+        at_once = True
         raise
     finally:
         for worker in workers:
-            worker.close(at_once=stopping)
+            worker.close(at_once=at_once)
         if fork is not None:
             fork.close()  # after its children: they die with it
     if lengths:

@@ -26,6 +26,8 @@ boundary fail. So:
 
 The protocol: the parent writes one JSON line of setup, then one JSON line per trial; the worker
 answers each with one line prefixed by `@@edgebatch ` (TensorFlow and user code may print too).
+To the setup it answers twice: `identity` once the model is built (what a cached profile's key needs,
+await_identity), `ready` once the step is traced and any prewarm ran (await_ready).
 """
 
 from __future__ import annotations
@@ -182,6 +184,10 @@ class Worker:
     # Forked from the fork server (forkserver.py) rather than started as a new Python: on some
     # hosts such children read above new processes (outcomes.peak_spread_fraction).
     forked: bool = False
+    # What the worker said the model is once it was built (await_identity); None until then.
+    identity: dict | None = None
+    # When it was started (time.monotonic()): its start-up deadline counts from here.
+    started_monotonic: float = field(default_factory=time.monotonic)
     # (batch, swap bytes before, reply deadline on time.monotonic(), request sent) between
     # begin_trial and finish_trial.
     _pending: tuple | None = None
@@ -386,35 +392,58 @@ def start_worker(setup: WorkerSetup, command: list[str] | None = None, server=No
     return await_ready(spawn_worker(setup, command, server))
 
 
+def await_identity(worker: Worker) -> dict:
+    """Wait until a spawned worker (spawn_worker) has built the model, and return what it says the
+    model is (its name, architecture hash, inputs, TensorFlow version: what a profile's key needs),
+    before the step is traced. await_ready afterwards waits for the rest. A worker that cannot
+    build the model is closed and a ProbeError says why."""
+    if worker.identity is None:
+        _await_message(worker, "identity")
+    return worker.identity
+
+
 def await_ready(worker: Worker) -> Worker:
     """Wait until a spawned worker (spawn_worker) has built the model and traced the step; a worker
     that cannot is closed and a ProbeError says why."""
-    setup, process = worker.setup, worker.process
-    try:
-        ready = read_reply(worker.reader, time.monotonic() + setup.startup_deadline_seconds)
-    except _ReplyTimeout:
-        _kill(process)
-        tail = worker._stderr_tail()
-        worker.close()
-        raise ProbeError(
-            f"probe worker was not ready within {setup.startup_deadline_seconds:.0f} s (building "
-            f"{setup.model_spec!r}) and was stopped{': ' + tail if tail else ''}"
-        ) from None
-    except BaseException:
-        if process.poll() is None:
-            _kill(process)
-        worker.close()
-        raise
-    if ready is None:
-        reason = worker._death_reason()
-        tail = worker._stderr_tail()
-        worker.close()
-        raise ProbeError(f"probe worker failed to start ({reason}): {tail or 'no output'}")
+    setup = worker.setup
+    ready = _await_message(worker, "ready")
     worker.facts = ready
     worker.largest_batch = setup.prewarm_batch or 0
     if ready.get("prewarm_step_seconds") and setup.prewarm_batch:
         worker.step_seconds_per_sample = ready["prewarm_step_seconds"] / setup.prewarm_batch
     return worker
+
+
+def _await_message(worker: Worker, kind: str) -> dict:
+    """The worker's next start-up message of `kind` ("identity" or "ready"); an identity message
+    on the way is kept in worker.identity, and a ready message holds the identity too."""
+    setup, process = worker.setup, worker.process
+    deadline = worker.started_monotonic + setup.startup_deadline_seconds
+    while True:
+        try:
+            message = read_reply(worker.reader, deadline)
+        except _ReplyTimeout:
+            _kill(process)
+            tail = worker._stderr_tail()
+            worker.close()
+            raise ProbeError(
+                f"probe worker was not ready within {setup.startup_deadline_seconds:.0f} s (building "
+                f"{setup.model_spec!r}) and was stopped{': ' + tail if tail else ''}"
+            ) from None
+        except BaseException:
+            if process.poll() is None:
+                _kill(process)
+            worker.close()
+            raise
+        if message is None:
+            reason = worker._death_reason()
+            tail = worker._stderr_tail()
+            worker.close()
+            raise ProbeError(f"probe worker failed to start ({reason}): {tail or 'no output'}")
+        if message.get("identity") or message.get("ready"):
+            worker.identity = worker.identity or {k: v for k, v in message.items() if k not in ("identity", "ready")}
+        if message.get(kind):
+            return message
 
 
 def _kill(process) -> None:
@@ -577,6 +606,15 @@ def worker_main() -> int:
             model = optimize_model(base_model, setup.optimize)
         runner = TrialRunner(model, optimizer=setup.optimizer, device=setup.device,
                              callbacks=training_callbacks(model, setup.optimize), sequence_length=setup.sequence_length)
+        identity = {
+            "tensorflow": tf.__version__,
+            "gpu": gpu_details or None,
+            **runner.model_facts(),
+            **_base_model_facts(base_model, setup.optimize),
+        }
+        # What the model is, before the trace: enough for the probe to find a cached profile and
+        # stop this worker without waiting for the trace (await_identity).
+        _send({"identity": True, **identity})
         # Trace now, at batch 1, so that no trial pays for tracing (the signature has batch None).
         runner.run_steps(1, 1)
         prewarm_seconds = []
@@ -597,7 +635,7 @@ def worker_main() -> int:
         _send(
             {
                 "ready": True,
-                "tensorflow": tf.__version__,
+                **identity,
                 # What TensorFlow took (the probe checks it against what it asked for).
                 "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
                 "measure": measure_of(setup.device, baseline_device),
@@ -607,9 +645,6 @@ def worker_main() -> int:
                 "baseline_device_bytes": baseline_device,
                 # For the next trial's reply deadline: small-batch steps, so an overestimate.
                 "prewarm_step_seconds": statistics.median(prewarm_seconds) if prewarm_seconds else None,
-                "gpu": gpu_details or None,
-                **runner.model_facts(),
-                **_base_model_facts(base_model, setup.optimize),
             }
         )
     except UsageError as error:
