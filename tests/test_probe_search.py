@@ -823,6 +823,39 @@ def test_the_kept_capped_mlp_run_would_read_its_answer_again_where_it_answered_a
     assert next_step(config, outcomes) == Run(22507, fresh=True, readings=ANSWER_READINGS)
 
 
+def test_a_fit_inside_a_band_does_not_clear_failures_below_it_so_checked_binsearch_moves_on():
+    """Checked binsearch on mlp under a 256 MiB cap (BENCHMARKS.md at a9fb42f) asked for 18944 40
+    times and 20224 100 times, 162 trials in all. A new process fitted 21504 at 1,009.7 MiB and another
+    ran out of memory there; the fit cleared every over-budget reading below it while the OOM bounded
+    the edge, so the midpoint's readings over the lowered budget counted neither way. Its first 26
+    trials as the run recorded them: (batch, peak MiB, worker, ran)."""
+    from edgebatch.probing.margins import fit_budget_bytes
+
+    rows = [(8, 808.3, "new", True), (16, 808.4, "reused", True), (32, 808.6, "reused", True),
+            (64, 809.2, "reused", True), (128, 811.2, "reused", True), (256, 811.5, "reused", True),
+            (512, 812.6, "reused", True), (1024, 820.3, "reused", True), (2048, 828.2, "reused", True),
+            (4096, 849.6, "reused", True), (8192, 886.0, "reused", True), (16384, 978.7, "reused", True),
+            (32768, None, "reused", False), (24576, None, "child", False), (20480, 1026.5, "child", True),
+            (22528, 1076.5, "child", True), (21504, 1037.3, "child", True), (22016, 1060.2, "child", True),
+            (21760, 1039.6, "child", True), (21760, None, "new", False), (21760, 1012.1, "new", True),
+            (21504, 1009.7, "new", True), (21504, None, "new", False), (20992, 1073.5, "child", True),
+            (20992, 1030.7, "child", True), (18944, 1011.4, "child", True)]
+    outcomes = [Outcome(batch, ran=ran, peak_bytes=int(peak * MIB) if peak else 0, fresh=kind != "reused",
+                        forked={"child": True, "new": False}.get(kind)) for batch, peak, kind, ran in rows]
+    config = SearchConfig(budget_bytes=fit_budget_bytes(1114910720, 1), strategy="binsearch_checked",
+                          max_batch_limit=65536)
+    lowered = effective_budget_bytes(outcomes, config.budget_bytes)
+    assert 1010 * MIB < lowered < 1011 * MIB  # 18944 read 1,011.4 MiB: over it
+    assert edge_of(outcomes, lowered).hi == 18944, "the reading over the lowered budget counts"
+    step = next_step(config, outcomes)
+    assert isinstance(step, Run) and 16384 < step.batch < 18944, step
+    # Below the band a fresh fit still clears an over-budget reading of a smaller batch.
+    below = [Outcome(100, ran=True, peak_bytes=1100 * MIB, fresh=True, forked=True),
+             Outcome(120, ran=True, peak_bytes=900 * MIB, fresh=True, forked=False),
+             Outcome(200, ran=False, fresh=True, forked=False)]
+    assert edge_of(below, 1000 * MIB).hi == 200
+
+
 def test_the_probe_says_once_when_it_sees_a_band():
     from edgebatch.probing import api
     from edgebatch.profiles.model import Trial

@@ -214,9 +214,24 @@ def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: in
     by their spread (effective_budget_bytes) instead.
     """
     if failure.fresh and failure.measured and not failure.ran:
-        return any(o.fresh and o.measured and o.fits(budget_bytes) and o.batch >= OOM_TRANSIENT_RATIO * failure.batch
-                   for o in outcomes)
-    return any(o.fresh and o.measured and o.batch >= failure.batch and o.fits(budget_bytes) for o in outcomes)
+        return _transient(failure, outcomes, budget_bytes)
+    # A fit at or above a fresh out-of-memory failure that stands is a draw in a band, not evidence
+    # that smaller batches fit: mlp under a 256 MiB cap (BENCHMARKS.md at a9fb42f) fitted 21504 in one
+    # new process at 1,010 MiB, within the lowered budget, and ran out of memory at it in another.
+    # Counted as a contradiction it cleared every over-budget reading below it while the OOM bounded
+    # the edge, so checked binsearch's midpoint, 18944, read over the budget and counted neither way,
+    # and the search asked for it again: 40 readings there, 100 at 20224, 162 trials in all.
+    band_floor = min((o.batch for o in outcomes if o.fresh and o.measured and not o.ran
+                      and not _transient(o, outcomes, budget_bytes)), default=None)
+    return any(o.fresh and o.measured and o.batch >= failure.batch and o.fits(budget_bytes)
+               and (band_floor is None or o.batch < band_floor) for o in outcomes)
+
+
+def _transient(oom: Outcome, outcomes: Sequence[Outcome], budget_bytes: int) -> bool:
+    """Whether a fresh worker's out-of-memory failure is contradicted: a fresh fit at
+    OOM_TRANSIENT_RATIO times its batch or more (see contradicted)."""
+    return any(o.fresh and o.measured and o.fits(budget_bytes) and o.batch >= OOM_TRANSIENT_RATIO * oom.batch
+               for o in outcomes)
 
 
 def oom_band_seen(outcomes: Sequence[Outcome]) -> bool:
