@@ -8,7 +8,8 @@ reading of one set of outcomes.
 The evidence rule (`edge_of`): a batch fits when it ran and its peak is within the budget. A
 failure (OOM, worker killed, peak over budget, or a batch the memory model ruled out) counts
 unless a fresh worker contradicts it: a batch at least as large fitted as the first trial of its
-worker (strictly larger for a fresh worker that ran out of memory, see `contradicted`). Failures are recorded either way; a contradicted one is a transient (a worker killed once
+worker (strictly larger for a fresh worker that ran out of memory; and below any fresh
+out-of-memory failure that stands, where a fit is a draw in a band: see `contradicted`). Failures are recorded either way; a contradicted one is a transient (a worker killed once
 at 16 while 334 fitted fresh used to drag the safe batch down to 13) or a bump in a peak that is
 not monotone in batch (search.py). The answer is the largest fit below the smallest counted
 failure: every batch the probe saw fail and nothing contradicted lies above it.
@@ -204,7 +205,8 @@ class Edge:
 
 
 def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: int) -> bool:
-    """Whether a fresh worker fitted `failure`'s batch or a larger one.
+    """Whether a fresh worker fitted `failure`'s batch or a larger one (for an over-budget reading, a
+    larger one below every fresh out-of-memory failure that stands).
 
     A fresh worker that ran out of memory (no reading) is contradicted only by a fresh fit at
     OOM_TRANSIENT_RATIO times its batch or more: near the edge another process fitting the same or
