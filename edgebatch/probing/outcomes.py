@@ -204,7 +204,7 @@ class Edge:
     counted: tuple[int, ...]
 
 
-def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: int) -> bool:
+def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: int, band_floor_batch: int | None) -> bool:
     """Whether a fresh worker fitted `failure`'s batch or a larger one (for an over-budget reading, a
     larger one below every fresh out-of-memory failure that stands).
 
@@ -213,7 +213,8 @@ def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: in
     a slightly larger batch does not make it safe. Under a 256 MiB address-space cap mlp's fresh
     workers ran out of memory at 22932 four times and fitted it once, and at 25168 failed seven
     times of ten while 25488 had fitted. Over-budget readings of one batch that differ are handled
-    by their spread (effective_budget_bytes) instead.
+    by their spread (effective_budget_bytes) instead. `band_floor_batch`: band_floor(outcomes, budget_bytes),
+    which counted_failures asks once for all its failures.
     """
     if failure.fresh and failure.measured and not failure.ran:
         return _transient(failure, outcomes, budget_bytes)
@@ -223,10 +224,14 @@ def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: in
     # Counted as a contradiction it cleared every over-budget reading below it while the OOM bounded
     # the edge, so checked binsearch's midpoint, 18944, read over the budget and counted neither way,
     # and the search asked for it again: 40 readings there, 100 at 20224, 162 trials in all.
-    band_floor = min((o.batch for o in outcomes if o.fresh and o.measured and not o.ran
-                      and not _transient(o, outcomes, budget_bytes)), default=None)
     return any(o.fresh and o.measured and o.batch >= failure.batch and o.fits(budget_bytes)
-               and (band_floor is None or o.batch < band_floor) for o in outcomes)
+               and (band_floor_batch is None or o.batch < band_floor_batch) for o in outcomes)
+
+
+def band_floor(outcomes: Sequence[Outcome], budget_bytes: int) -> int | None:
+    """The smallest batch a fresh worker ran out of memory at that no fresh fit contradicts (None without one)."""
+    return min((o.batch for o in outcomes if o.fresh and o.measured and not o.ran
+                and not _transient(o, outcomes, budget_bytes)), default=None)
 
 
 def _transient(oom: Outcome, outcomes: Sequence[Outcome], budget_bytes: int) -> bool:
@@ -335,7 +340,8 @@ def answer_readings_wanted(answer_readings: int, outcomes: Sequence[Outcome]) ->
 def counted_failures(outcomes: Sequence[Outcome], budget_bytes: int) -> list[Outcome]:
     """The failures no fresh fit contradicts, smallest batch first."""
     failed = [o for o in outcomes if not o.fits(budget_bytes)]
-    return sorted((o for o in failed if not contradicted(o, outcomes, budget_bytes)), key=lambda o: o.batch)
+    floor = band_floor(outcomes, budget_bytes)
+    return sorted((o for o in failed if not contradicted(o, outcomes, budget_bytes, floor)), key=lambda o: o.batch)
 
 
 def peak_spread_fraction(outcomes: Sequence[Outcome]) -> float:
