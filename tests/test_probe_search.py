@@ -185,6 +185,20 @@ def test_fresh_readings_that_bend_away_from_the_small_batch_line_are_fitted_on_t
     assert len(runs(steps)) <= 8 + REPEATS
 
 
+def test_fresh_readings_too_crooked_to_trust_turn_the_line_but_do_not_replace_it():
+    """Fresh readings that take peak levels fit a crooked local line; the trust rule (memory_fit.trusted)
+    keeps it out, so the recorded model is never one the search would not believe (r2 >= MIN_FIT_R2)."""
+    from edgebatch.probing.memory_fit import MIN_FIT_R2, fit_memory_model, turn_to_fresh
+    from edgebatch.profiles.model import MemoryModel
+
+    line = MemoryModel(fixed_bytes=800 * MIB, per_sample_bytes=2.5 * MIB, r2=0.999, points=3)
+    fresh = [(100, 1000 * MIB), (200, 1120 * MIB), (300, 1390 * MIB), (330, 1330 * MIB)]
+    assert fit_memory_model(fresh).r2 < MIN_FIT_R2
+    turned = turn_to_fresh(line, fresh)
+    assert turned.r2 == line.r2 and turned.fixed_bytes == line.fixed_bytes
+    assert turned.per_sample_bytes < line.per_sample_bytes  # still turned down toward them
+
+
 def test_close_fresh_batches_do_not_set_the_slope():
     scout = [Outcome(b, True, (200 + 3 * b) * MIB) for b in (8, 16, 32, 200)]
     near = [Outcome(200, True, (100 + 3 * 200) * MIB, fresh=True), Outcome(210, True, (100 + 3 * 200 + 1) * MIB, fresh=True)]

@@ -144,7 +144,10 @@ def turn_to_fresh(model: MemoryModel, fresh: Sequence[tuple[int, float]]) -> Mem
     if max(batches) - min(batches) < LOCAL_FIT_MIN_SPREAD * max(batches):
         return turned  # close batches: their slope is the fine-scale noise, not the line
     local = fit_memory_model(fresh)
-    if local is None or not turned.per_sample_bytes / 2 <= local.per_sample_bytes < turned.per_sample_bytes:
+    # The local line is held to the one trust rule too: fresh readings that take peak levels fit a
+    # crooked line (small_cnn in the suite, AMD EPYC, 2026-12-07: r2 0.967 over six fresh
+    # readings), which the profile then recorded as its model.
+    if not trusted(local) or not turned.per_sample_bytes / 2 <= local.per_sample_bytes < turned.per_sample_bytes:
         return turned
     if local.predict_bytes(max(batches)) > turned.predict_bytes(max(batches)):
         return turned
