@@ -67,3 +67,24 @@ def test_where_the_trials_ran_is_counted_per_run_and_shown_under_the_table():
     assert lines[-1].endswith("slow_start 0 [0-1] / 2 / 2 [1-2].")  # median 0.5 prints as 0
     assert "binsearch" not in lines[-1]
     assert report._worker_kind_lines(probe_bench.summarise({"binsearch": older})) == []
+
+
+def test_the_count_of_new_processes_over_at_the_answer_is_shown_where_it_was_measured():
+    runs = {"slow_start": [run(0, 12, 40.0)], "binsearch": [run(0, 10, 20.0)]}
+    counted = {"batch": 954, "processes": 10, "over": 2, "share_upper": 0.5069,
+               "peaks": [1260 * 1024**2, 1395 * 1024**2] + [None] * 8}
+    scenario = {"scenario": {"name": "toy"}, "truth": {"narrowed_to_resolution": True},
+                "summary": probe_bench.summarise(runs), "answer_failures": counted}
+    rows = report._probe_targets(scenario)
+    assert ["new processes over the budget at the answer (no target): toy", "2 of 10 at 954 (share at most 51% at 95%)",
+            "for reference"] in rows
+    (line,) = [line for line in report._answer_failure_lines(counted, {"budget_bytes": 1}) if line]
+    assert "954, run in 10 more new processes" in line and "2 went over the budget" in line
+    assert "peaks 1,260.0-1,395.0 MiB" in line and "at most 51%" in line
+    capped = report._answer_failure_lines(counted, {"headroom_bytes": 1})[-1]
+    assert "2 failed to run under the cap" in capped
+    # Results from before the count (and a count that ran no process) add nothing.
+    assert report._answer_failure_lines(None, {}) == []
+    assert report._answer_failure_lines({**counted, "processes": 0}, {}) == []
+    del scenario["answer_failures"]
+    assert not [row for row in report._probe_targets(scenario) if "at the answer" in row[0]]

@@ -82,3 +82,42 @@ def test_the_floor_never_runs_past_the_sections_allowance_and_a_larger_share_sta
     assert left() == 120.0
     share = probe_truth.truth_seconds_left(lambda: 900.0, lambda: 1000.0, floor_seconds=300.0, clock=lambda: 0.0)
     assert share() == 900.0
+
+
+def test_answer_failures_runs_every_process_and_counts_those_over(monkeypatch):
+    # text_cnn at 954 under 1.25 GiB (BENCHMARKS.md at a9fb42f): most new processes read about
+    # 1,260 MiB, some draw a level near 1,395 MiB. The count must not stop at the first failure.
+    peaks = iter([1260, 1395, 1260, 1261, 1394, 1260])
+    budget = 1280
+
+    def fresh_check(model_spec, batch, budget_bytes, headroom_bytes):
+        peak = next(peaks)
+        return {"batch": batch, "fits": peak <= budget_bytes, "ran": True, "peak_bytes": peak, "error": None,
+                "seconds": 2.0}
+
+    monkeypatch.setattr(probe_truth, "fresh_check", fresh_check)
+    seen = []
+    count = probe_truth.answer_failures("m", 954, budget, None, 6, progress=seen.append)
+    assert (count["processes"], count["over"]) == (6, 2)
+    assert count["peaks"] == [1260, 1395, 1260, 1261, 1394, 1260] and len(seen) == 6
+    assert count["seconds"] == 12.0
+    assert count["share_upper"] == pytest.approx(probe_truth.failure_share_upper(2, 6))
+
+
+def test_answer_failures_stops_when_its_time_is_spent(monkeypatch):
+    monkeypatch.setattr(probe_truth, "fresh_check", lambda *args: {"batch": 1, "fits": True, "ran": True,
+                                                                   "peak_bytes": 1, "error": None, "seconds": 1.0})
+    left = iter([100.0, 100.0, 5.0])
+    count = probe_truth.answer_failures("m", 1, None, None, 10, seconds_left=lambda: next(left), check_cost_seconds=15)
+    assert count["processes"] == 2 and count["over"] == 0
+
+
+def test_the_share_bound_is_clopper_pearsons():
+    # One-sided 95%: 0 of n gives 1 - 0.05 ** (1 / n); the others are the beta quantiles.
+    assert probe_truth.failure_share_upper(0, 10) == pytest.approx(1 - 0.05 ** 0.1, abs=1e-9)
+    assert probe_truth.failure_share_upper(0, 20) == pytest.approx(0.1391, abs=1e-4)
+    assert probe_truth.failure_share_upper(1, 10) == pytest.approx(0.3942, abs=1e-4)
+    assert probe_truth.failure_share_upper(3, 10) == pytest.approx(0.6066, abs=1e-4)
+    assert probe_truth.failure_share_upper(4, 4) == 1.0
+    with pytest.raises(ValueError):
+        probe_truth.failure_share_upper(3, 2)

@@ -16,7 +16,10 @@ knows where the limit is. The truth follows the physical rule: under a cap, whet
 runs; under a budget, whether its peak fits. A batch fits the truth only when it fits in
 probe_truth.TRUTH_READINGS new processes one after another, twice as many where their peaks differ
 by more than the noise (peaks differ between processes on some hosts: device_profiles/README.md,
-"Peaks that differ between processes").
+"Peaks that differ between processes"). Since a sample of three cannot say how often a batch
+goes over, slow_start's largest answer is then run in probe_truth.ANSWER_PROCESSES more new
+processes, one after another, and the report gives how many went over with a 95% bound on the
+share that would (probe_truth.answer_failures).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 from harness import MIB, ROOT, Deadline, Mode, capped_malloc_arenas, log, ratio_stat, stat_of
-from probe_truth import judge, measure_truth, truth_seconds_left
+from probe_truth import ANSWER_PROCESSES, answer_failures, judge, measure_truth, truth_seconds_left
 
 # (strategy, start batch). Accelerate's finder starts at its default 128 and only shrinks; the
 # one-shot estimate calibrates at 1; the rest start where the probe does.
@@ -210,9 +213,20 @@ def _run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until, 
     for method in runs.values():
         for run in method:
             run.update(judge(run["found"], truth))
+    # How often training at slow_start's largest answer goes over: the truth says whether three (or
+    # six) new processes fitted, this counts ANSWER_PROCESSES of them (tools/answer_failures.py does
+    # the same for a kept results file). From what is left of the scenario's share.
+    answers = [r["found"] for r in runs["slow_start"] if r["found"]]
+    counted = None
+    if answers:
+        counted = answer_failures(scenario.model, max(answers), scenario.budget_bytes, scenario.headroom_bytes,
+                                  ANSWER_PROCESSES, seconds_left=truth_until)
+        log(f"probe {scenario.model.split('/')[-1]} slow_start's answer {max(answers)}: over in {counted['over']} "
+            f"of {counted['processes']} new processes")
     return {
         "scenario": asdict(scenario),
         "truth": truth,
+        "answer_failures": counted,
         "runs": runs,
         "summary": summarise(runs),
         "skipped": skipped,

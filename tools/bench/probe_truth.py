@@ -14,6 +14,7 @@ ceiling (`failures_below_ceiling`) instead of hiding it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -99,6 +100,64 @@ def repeated_check(model_spec: str, batch: int, budget_bytes: int | None, headro
     chosen = failed[0] if failed else max(results, key=lambda r: r["peak_bytes"] or 0)
     return {**chosen, "peaks": [r["peak_bytes"] for r in results],
             "seconds": round(sum(r["seconds"] for r in results), 2)}
+
+
+# New processes run at one batch, one after another, by `answer_failures`: how often training at an
+# answer goes over, where the truth above only says whether TRUTH_READINGS processes all fitted.
+ANSWER_PROCESSES = 10
+# The confidence of failure_share_upper's bound.
+SHARE_CONFIDENCE = 0.95
+
+
+def answer_failures(model_spec: str, batch: int, budget_bytes: int | None, headroom_bytes: int | None,
+                    processes: int = ANSWER_PROCESSES, *, seconds_left=None, check_cost_seconds: float = 15.0,
+                    progress=None, **options) -> dict:
+    """Run `processes` new processes at `batch`, one after another, and count those that do not fit.
+
+    Unlike repeated_check this does not stop at the first failure: the count of failures out of the
+    processes run is the measurement (a training run is one such process, so the share is the chance
+    that it goes over). One at a time, as a training run has the machine to itself. `seconds_left()`
+    (optional) stops it early when less than `check_cost_seconds` is left; `progress(check)` is
+    called after each process. `options` go to fresh_check. Returns the batch, the processes run,
+    how many did not fit (`over`), each peak (None where a process failed without one), the errors
+    seen, failure_share_upper's bound, and the seconds the processes took.
+    """
+    checks = []
+    while len(checks) < processes and (seconds_left is None or seconds_left() >= check_cost_seconds):
+        checks.append(fresh_check(model_spec, batch, budget_bytes, headroom_bytes, **options))
+        if progress is not None:
+            progress(checks[-1])
+    over = sum(not c["fits"] for c in checks)
+    return {
+        "batch": batch,
+        "processes": len(checks),
+        "over": over,
+        "share_upper": failure_share_upper(over, len(checks)) if checks else None,
+        "peaks": [c["peak_bytes"] for c in checks],
+        "errors": sorted({c["error"] for c in checks if c["error"]}),
+        "seconds": round(sum(c["seconds"] for c in checks), 1),
+    }
+
+
+def failure_share_upper(over: int, processes: int, confidence: float = SHARE_CONFIDENCE) -> float:
+    """The one-sided upper confidence bound (Clopper-Pearson) on the share of processes that fail,
+    having seen `over` of `processes` fail: 0 of 10 still allows 25.9% at 95%, 0 of 20 13.9%."""
+    if not 0 <= over <= processes or processes < 1:
+        raise ValueError(f"{over} failures of {processes} processes")
+    if over == processes:
+        return 1.0
+
+    def at_most_over(share: float) -> float:  # P(failures <= over) when each process fails with `share`
+        return sum(math.comb(processes, k) * share**k * (1 - share) ** (processes - k) for k in range(over + 1))
+
+    low, high = over / processes, 1.0  # at_most_over falls as the share grows
+    for _ in range(60):
+        middle = (low + high) / 2
+        if at_most_over(middle) > 1 - confidence:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def _levels_differ(peaks: list[int | None]) -> bool:

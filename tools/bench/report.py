@@ -125,6 +125,11 @@ def _probe_targets(scenario: dict) -> list[list[str]]:
             measured += (f"; {fmt(edge, 3)} of the edge below the first fresh failure "
                          f"({truth['edge_below_first_failure']}; {truth['failures_below_ceiling'][0]} fails)")
         rows.append([f"found/true >= 0.97, no unsafe answer: {name}", measured, _verdict(ok)])
+    counted = scenario.get("answer_failures")
+    if counted and counted["processes"]:
+        rows.append([f"new processes over the budget at the answer (no target): {name}",
+                     f"{counted['over']} of {counted['processes']} at {counted['batch']} (share at most "
+                     f"{counted['share_upper']:.0%} at 95%)", "for reference"])
     # Issue 9's cost targets: median trials <= 0.5x and median wall time <= 0.6x binsearch's.
     for key, label, target in (("trials_vs_binsearch", "trials", 0.5), ("wall_vs_binsearch", "wall seconds", 0.6)):
         value = _stat(slow.get(key))
@@ -160,6 +165,19 @@ def _worker_kind_lines(summary: dict) -> list[str]:
     return ["", "Where the trials ran, median per run (in workers that ran earlier trials / in fork-server children / "
                 "in new processes; a new process costs a TensorFlow import, a child a model build and trace, a reused "
                 "worker only its steps): " + "; ".join(parts) + "."]
+
+
+def _answer_failure_lines(counted: dict | None, info: dict) -> list[str]:
+    """One line: how many new processes went over at slow_start's answer (probe_truth.answer_failures);
+    nothing for results from before it was counted."""
+    if not counted or not counted["processes"]:
+        return []
+    peaks = [p for p in counted["peaks"] if p is not None]
+    span = f"peaks {min(peaks) / MIB:,.1f}-{max(peaks) / MIB:,.1f} MiB" if peaks else "no peak read"
+    over = "failed to run under the cap" if info.get("headroom_bytes") else "went over the budget"
+    return ["", f"slow_start's answer, {counted['batch']}, run in {counted['processes']} more new processes one after "
+                f"another: {counted['over']} {over} ({span}); at 95% confidence the share of new processes "
+                f"that do is at most {counted['share_upper']:.0%}."]
 
 
 def probe_lines(section: dict) -> list[str]:
@@ -235,6 +253,7 @@ def probe_lines(section: dict) -> list[str]:
         else:
             lines += ["", "No method ran in the time budget."]
         lines += _worker_kind_lines(scenario["summary"])
+        lines += _answer_failure_lines(scenario.get("answer_failures"), scenario["scenario"])
         if scenario.get("skipped"):
             counts: dict[str, int] = {}
             for entry in scenario["skipped"]:

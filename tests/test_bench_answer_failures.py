@@ -1,0 +1,82 @@
+"""tools/bench/answer_failures.py: which batches it counts, where it finds a model file, what it writes.
+
+No processes: probe_truth.fresh_check is replaced by a scripted reading.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench"
+sys.path.insert(0, str(BENCH))
+
+import answer_failures  # noqa: E402
+import probe_truth  # noqa: E402
+
+MIB = 1024**2
+
+
+def scenario(name="text_cnn, 1.25 GiB resident budget", model="text_cnn", budget=1280 * MIB, headroom=None,
+             slow=(954,), binsearch=(664,), ceiling=985):
+    return {"scenario": {"name": name, "model": model, "budget_bytes": budget, "headroom_bytes": headroom},
+            "truth": {"ceiling": ceiling},
+            "runs": {"slow_start": [{"found": b} for b in slow], "binsearch": [{"found": b} for b in binsearch]}}
+
+
+def test_each_methods_largest_answer_and_the_truth_are_counted_once_largest_first():
+    counted = answer_failures.batches_to_count(scenario(slow=(322, 327, None), ceiling=327), ["slow_start"], True)
+    assert counted == {327: ["slow_start", "truth"]}
+    counted = answer_failures.batches_to_count(scenario(), ["slow_start", "binsearch"], True)
+    assert list(counted.items()) == [(985, ["truth"]), (954, ["slow_start"]), (664, ["binsearch"])]
+    assert answer_failures.batches_to_count(scenario(ceiling=None), ["slow_start"], True) == {954: ["slow_start"]}
+
+
+def test_a_model_file_from_the_benchmarks_worktree_is_found_in_this_checkout():
+    local = answer_failures.local_model_spec("/tmp/bw/tests/models/dense_wide.py:build")
+    assert local == f"{answer_failures.ROOT / 'tests' / 'models' / 'dense_wide.py'}:build"
+    assert Path(local.rsplit(":", 1)[0]).exists()
+    assert answer_failures.local_model_spec("mobilenet_v2") == "mobilenet_v2"
+    assert answer_failures.local_model_spec("/elsewhere/model.py:build") == "/elsewhere/model.py:build"
+
+
+def test_the_count_runs_every_chosen_batch_and_renders_a_section(monkeypatch, tmp_path):
+    readings = {954: iter([1260, 1395, 1260]), 985: iter([1270, 1271, 1400])}
+
+    def fresh_check(model_spec, batch, budget_bytes, headroom_bytes):
+        peak = next(readings[batch]) * MIB
+        return {"batch": batch, "fits": peak <= budget_bytes, "ran": True, "peak_bytes": peak, "error": None,
+                "seconds": 1.0}
+
+    monkeypatch.setattr(probe_truth, "fresh_check", fresh_check)
+    monkeypatch.setattr(answer_failures, "log", lambda line: None)
+    results = {"environment": {"git_commit": "a9fb42f", "cpu": "AMD EPYC"},
+               "sections": {"probe": {"scenarios": [scenario(), scenario(name="mlp, cap", model="mlp")]}}}
+    data = answer_failures.count(results, tmp_path / "results.json", 3, ["slow_start"], True, ["text_cnn"])
+    assert [(row["batch"], row["over"], row["processes"]) for row in data["measured"]] == [(985, 1, 3), (954, 1, 3)]
+    section = answer_failures.render(data)
+    assert section.startswith(answer_failures.SECTION_START) and section.endswith(answer_failures.SECTION_END)
+    assert "| text_cnn, 1.25 GiB resident budget | 1,280 MiB | 954 | slow_start | 1 / 3 | 86% | 1,260.0-1,395.0 |" in section
+    assert "section 1's run at commit a9fb42f, AMD EPYC" in section
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    not_results = tmp_path / "other.json"
+    not_results.write_text(json.dumps({"sections": {}}))
+    for args in ([str(not_results)], [str(tmp_path / "missing.json")], [], [str(not_results), "--processes", "0"]):
+        done = subprocess.run([sys.executable, str(BENCH / "answer_failures.py"), *args], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 2, args
+        assert "Traceback" not in done.stderr and done.stderr.strip().splitlines()[-1].startswith("answer_failures.py: error:")
+    assert not (tmp_path / "answer_failures.json").exists()
+
+
+@pytest.mark.parametrize("over,processes", [(0, 10), (2, 10)])
+def test_the_rendered_bound_is_probe_truths(over, processes):
+    data = {"results": "r.json", "processes": processes,
+            "measured": [{"scenario": "s", "budget_bytes": MIB, "headroom_bytes": None, "answer_of": ["truth"],
+                          "batch": 8, "processes": processes, "over": over, "peaks": [None] * processes,
+                          "share_upper": probe_truth.failure_share_upper(over, processes)}]}
+    assert f"| {over} / {processes} | {probe_truth.failure_share_upper(over, processes):.0%} | - |" in answer_failures.render(data)

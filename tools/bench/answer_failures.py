@@ -1,0 +1,169 @@
+"""How often does training at a benchmark's answer go over the budget? Count it in new processes.
+
+The probe benchmark's truth (tools/bench/probe_truth.py) calls a batch safe when it fits in three
+new processes, six where their peaks differ. On hosts where each new process draws one of a few
+peak levels (device_profiles/README.md, "Peaks that differ between processes") that is a sample,
+not a rate: a level drawn one time in three passes three processes 30% of the time. This tool
+reads a results file of `tools/bench/run.py --only probe`, and for each scenario runs N new
+processes (tests/support/fresh_step.py, the truth's own step, 10 steps each, one after another) at
+each chosen method's largest answer and, with `--truth`, at the truth's ceiling, and counts those
+that go over the budget (under an address-space cap: those that fail to run). It logs one line per
+process, writes the measurement as JSON (`--out`, by default
+tools/bench/results/answer_failures.json), and prints its BENCHMARKS.md section: the count and the
+95% upper bound on the share of processes that go over (probe_truth.failure_share_upper);
+`--benchmarks-md BENCHMARKS.md` puts the section there, `--from-json` renders a kept measurement again.
+
+    python tools/bench/answer_failures.py tools/bench/results/results.json --truth --benchmarks-md BENCHMARKS.md
+
+It runs what the benchmark ran: the scenario's model, budget or cap (capped scenarios with two
+malloc arenas, as probe_bench.run_scenario starts them) and one inter-op thread. A process costs a
+TensorFlow import, 10-30 s here. Run it on the machine kind the results came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+from harness import MIB, RESULTS_DIR, ROOT, capped_malloc_arenas, environment, log, publish_section, write_json
+from probe_truth import ANSWER_PROCESSES, SHARE_CONFIDENCE, answer_failures
+
+SECTION_START = "<!-- answer_failures:start -->"
+SECTION_END = "<!-- answer_failures:end -->"
+
+
+def batches_to_count(scenario: dict, methods: list[str], with_truth: bool) -> dict[int, list[str]]:
+    """Batch -> what it is (each method whose largest answer it is, and "truth"), largest batch first."""
+    named: dict[int, list[str]] = {}
+    for method in methods:
+        answers = [run["found"] for run in scenario["runs"].get(method, []) if run.get("found")]
+        if answers:
+            named.setdefault(max(answers), []).append(method)
+    ceiling = scenario["truth"].get("ceiling")
+    if with_truth and ceiling:
+        named.setdefault(ceiling, []).append("truth")
+    return dict(sorted(named.items(), reverse=True))
+
+
+def local_model_spec(spec: str) -> str:
+    """`spec` with a model file from another checkout (the benchmark may run in a worktree, and
+    records the file's absolute path) moved to this one's: /tmp/bw/tests/models/x.py:build ->
+    ROOT/tests/models/x.py:build. Built-in names and files that exist are kept."""
+    path, colon, function = spec.rpartition(":")
+    if not colon or not path.endswith(".py") or Path(path).exists() or "/tests/" not in path:
+        return spec
+    return f"{ROOT / 'tests' / path.rsplit('/tests/', 1)[1]}:{function}"
+
+
+def _peak_mib(peak: int | None) -> str:
+    return "-" if peak is None else f"{peak / MIB:,.1f}"
+
+
+def read_results(path: Path) -> dict:
+    """A probe benchmark results file; ValueError, saying what is wrong, for anything else."""
+    try:
+        results = json.loads(path.read_text())
+        results["sections"]["probe"]["scenarios"][0]["scenario"]["name"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ValueError(f"{path} is not a results file of tools/bench/run.py --only probe "
+                         f"({type(exc).__name__}: {exc})") from None
+    return results
+
+
+def count(results: dict, results_path: Path, processes: int, methods: list[str], with_truth: bool,
+          wanted: list[str]) -> dict:
+    """The measurement: for each scenario of `results` (those whose names contain a part of
+    `wanted`, or all), answer_failures at each batch batches_to_count names."""
+    scenarios = results["sections"]["probe"]["scenarios"]
+    data = {"environment": environment(), "results": str(results_path),
+            "results_environment": results.get("environment", {}), "processes": processes, "measured": []}
+    for scenario in scenarios:
+        facts = scenario["scenario"]
+        if wanted and not any(part in facts["name"] for part in wanted):
+            continue
+        model, budget, headroom = local_model_spec(facts["model"]), facts.get("budget_bytes"), facts.get("headroom_bytes")
+        with capped_malloc_arenas() if headroom else nullcontext():
+            for batch, names in batches_to_count(scenario, methods, with_truth).items():
+                def progress(check, batch=batch):
+                    log(f"{facts['name']}: {batch} in a new process: {'fits' if check['fits'] else 'OVER'} "
+                        f"({_peak_mib(check['peak_bytes'])} MiB{', ' + check['error'] if check['error'] else ''}, "
+                        f"{check['seconds']:.0f} s)")
+
+                counted = answer_failures(model, batch, budget, headroom, processes, progress=progress)
+                data["measured"].append({"scenario": facts["name"], "budget_bytes": budget,
+                                         "headroom_bytes": headroom, "answer_of": names, **counted})
+    return data
+
+
+def render(data: dict) -> str:
+    """The BENCHMARKS.md section of a measurement."""
+    env, source = data.get("environment", {}), data.get("results_environment", {})
+    rows = []
+    for row in data["measured"]:
+        peaks = [p for p in row["peaks"] if p is not None]
+        span = f"{_peak_mib(min(peaks))}-{_peak_mib(max(peaks))}" if peaks else "-"
+        limit = (f"cap +{row['headroom_bytes'] / MIB:.0f} MiB" if row.get("headroom_bytes")
+                 else f"{row['budget_bytes'] / MIB:,.0f} MiB")
+        rows.append(f"| {row['scenario']} | {limit} | {row['batch']} | {', '.join(row['answer_of'])} | "
+                    f"{row['over']} / {row['processes']} | {row['share_upper']:.0%} | {span} |")
+    return "\n".join([
+        SECTION_START, "",
+        "## 1b. Over the budget at the answer: a share of new processes, not a yes or no", "",
+        f"`python tools/bench/answer_failures.py` (commit {env.get('git_commit') or '-'}, {env.get('date_utc', '-')}, "
+        f"{env.get('cpu', '-')}, {env.get('cores', '-')} cores) on the answers of `{Path(data['results']).name}` "
+        f"(section 1's run at commit {source.get('git_commit') or '-'}, {source.get('cpu', '-')}). Each batch ran in "
+        f"{data['processes']} more new processes, one after another (tests/support/fresh_step.py, the truth's step, "
+        "10 steps). 'over' counts processes whose resident peak went over the budget (under a cap: that failed to "
+        f"run); the bound is the one-sided {SHARE_CONFIDENCE:.0%} Clopper-Pearson upper bound on the share of new "
+        "processes that would. Section 1's truth calls a batch safe when three new processes (six where their "
+        "peaks differ) all fit; this counts how often one does not. How it is made: the docstring of "
+        "tools/bench/answer_failures.py.", "",
+        "| scenario | budget | batch | answer of | over / processes | share over, 95% bound | peaks, MiB |",
+        "|---|---|---|---|---|---|---|",
+        *rows, "",
+        SECTION_END,
+    ])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path, nargs="?", help="a results file of tools/bench/run.py --only probe")
+    parser.add_argument("--processes", type=int, default=ANSWER_PROCESSES,
+                        help=f"new processes per batch (default {ANSWER_PROCESSES})")
+    parser.add_argument("--methods", default="slow_start",
+                        help="comma-separated methods whose largest answer is counted (default slow_start)")
+    parser.add_argument("--truth", action="store_true", help="count the truth's ceiling too")
+    parser.add_argument("--scenarios", default="",
+                        help="comma-separated parts of scenario names to keep (default: every scenario)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "answer_failures.json",
+                        help="where the measurement is written as JSON (default %(default)s)")
+    parser.add_argument("--benchmarks-md", type=Path, help="put the section in this file (BENCHMARKS.md)")
+    parser.add_argument("--from-json", type=Path, help="render a kept measurement instead of running one")
+    args = parser.parse_args()
+    if args.from_json:
+        try:
+            data = json.loads(args.from_json.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"cannot read {args.from_json} ({type(exc).__name__}: {exc})")
+    else:
+        if args.results is None:
+            parser.error("give a results file, or --from-json")
+        if args.processes < 1:
+            parser.error(f"--processes must be at least 1, not {args.processes}")
+        methods = [part.strip() for part in args.methods.split(",") if part.strip()]
+        wanted = [part.strip() for part in args.scenarios.split(",") if part.strip()]
+        try:
+            results = read_results(args.results)
+        except ValueError as exc:
+            parser.error(str(exc))
+        data = count(results, args.results, args.processes, methods, args.truth, wanted)
+        write_json(args.out, data)  # whole or nothing: harness.write_json writes beside it, then moves it
+    publish_section(render(data), args.benchmarks_md, SECTION_START, SECTION_END)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
