@@ -71,20 +71,52 @@ def test_where_the_trials_ran_is_counted_per_run_and_shown_under_the_table():
 
 def test_the_count_of_new_processes_over_at_the_answer_is_shown_where_it_was_measured():
     runs = {"slow_start": [run(0, 12, 40.0)], "binsearch": [run(0, 10, 20.0)]}
-    counted = {"batch": 954, "processes": 10, "over": 2, "share_upper": 0.5069,
-               "peaks": [1260 * 1024**2, 1395 * 1024**2] + [None] * 8}
+    answer = {"batch": 954, "answer_of": ["slow_start"], "processes": 10, "over": 2, "share_upper": 0.5069,
+              "peaks": [1260 * 1024**2, 1395 * 1024**2] + [None] * 8}
+    truth = {"batch": 985, "answer_of": ["truth"], "processes": 10, "over": 0, "share_upper": 0.2589,
+             "peaks": [None] * 10}
     scenario = {"scenario": {"name": "toy"}, "truth": {"narrowed_to_resolution": True},
-                "summary": probe_bench.summarise(runs), "answer_failures": counted}
+                "summary": probe_bench.summarise(runs), "answer_failures": [truth, answer]}
     rows = report._probe_targets(scenario)
-    assert ["new processes over the budget at the answer (no target): toy", "2 of 10 at 954 (share at most 51% at 95%)",
-            "for reference"] in rows
-    (line,) = [line for line in report._answer_failure_lines(counted, {"budget_bytes": 1}) if line]
-    assert "954, run in 10 more new processes" in line and "2 went over the budget" in line
-    assert "peaks 1,260.0-1,395.0 MiB" in line and "at most 51%" in line
-    capped = report._answer_failure_lines(counted, {"headroom_bytes": 1})[-1]
-    assert "2 failed to run under the cap" in capped
+    assert ["new processes over the budget at slow_start's answer (no target): toy",
+            "2 of 10 at 954 (share at most 51% at 95%)", "for reference"] in rows
+    assert ["new processes over the budget at the truth's ceiling (no target): toy",
+            "0 of 10 at 985 (share at most 26% at 95%)", "for reference"] in rows
+    (line,) = [line for line in report._answer_failure_lines([truth, answer], {"budget_bytes": 1}) if line]
+    assert "985 (the truth's ceiling): 0 of 10 went over the budget (no peak read; the share that would is at most 26%" in line
+    assert "954 (slow_start's answer): 2 of 10 went over the budget (peaks 1,260.0-1,395.0 MiB" in line
+    capped = report._answer_failure_lines([answer], {"headroom_bytes": 1})[-1]
+    assert "2 of 10 failed to run under the cap" in capped
     # Results from before the count (and a count that ran no process) add nothing.
     assert report._answer_failure_lines(None, {}) == []
-    assert report._answer_failure_lines({**counted, "processes": 0}, {}) == []
+    assert report._answer_failure_lines([{**answer, "processes": 0}], {}) == []
     del scenario["answer_failures"]
-    assert not [row for row in report._probe_targets(scenario) if "at the answer" in row[0]]
+    assert not [row for row in report._probe_targets(scenario) if "new processes over" in row[0]]
+
+
+def test_a_scenario_counts_slow_starts_largest_answer_and_the_truths_ceiling(monkeypatch):
+    found = {"slow_start": iter([950, 954]), "binsearch": iter([664, 664])}
+
+    def run_method(scenario, strategy, start_batch):
+        answer = next(found[strategy]) if strategy in found else 100
+        return {**run(0, 10, 1.0), "found": answer, "error": None, "trial_log": []}
+
+    def measure_truth(model, answers, hints, **kwargs):
+        return {"ceiling": 985, "first_failure_above": 994, "narrowed_to_resolution": True, "checks": []}
+
+    counted, shares = [], []
+
+    def answer_failures(model, batch, budget_bytes, headroom_bytes, processes, *, seconds_left):
+        counted.append(batch)
+        shares.append(seconds_left())
+        return {"batch": batch, "processes": processes, "over": int(batch == 985), "share_upper": 0.4,
+                "peaks": [None] * processes, "errors": [], "seconds": 1.0}
+
+    monkeypatch.setattr(probe_bench, "run_method", run_method)
+    monkeypatch.setattr(probe_bench, "measure_truth", measure_truth)
+    monkeypatch.setattr(probe_bench, "answer_failures", answer_failures)
+    monkeypatch.setattr(probe_bench, "log", lambda line: None)
+    scenario = probe_bench.Scenario("toy", "text_cnn", 8192, budget_bytes=1280 * 1024**2)
+    result = probe_bench.run_scenario(scenario, 2, methods_until=lambda: 1e9, truth_until=lambda: 123.0)
+    assert counted == [985, 954] and shares == [123.0, 123.0]
+    assert [(c["answer_of"], c["over"]) for c in result["answer_failures"]] == [(["truth"], 1), (["slow_start"], 0)]

@@ -58,6 +58,11 @@ def local_model_spec(spec: str) -> str:
     return f"{ROOT / 'tests' / path.rsplit('/tests/', 1)[1]}:{function}"
 
 
+def _one_line(error: str) -> str:
+    """An error for a log line: a TensorFlow error's first line (they run to many lines)."""
+    return " ".join(error.split())[:80]
+
+
 def _peak_mib(peak: int | None) -> str:
     return "-" if peak is None else f"{peak / MIB:,.1f}"
 
@@ -89,7 +94,7 @@ def count(results: dict, results_path: Path, processes: int, methods: list[str],
             for batch, names in batches_to_count(scenario, methods, with_truth).items():
                 def progress(check, batch=batch):
                     log(f"{facts['name']}: {batch} in a new process: {'fits' if check['fits'] else 'OVER'} "
-                        f"({_peak_mib(check['peak_bytes'])} MiB{', ' + check['error'] if check['error'] else ''}, "
+                        f"({_peak_mib(check['peak_bytes'])} MiB{', ' + _one_line(check['error']) if check['error'] else ''}, "
                         f"{check['seconds']:.0f} s)")
 
                 counted = answer_failures(model, batch, budget, headroom, processes, progress=progress)

@@ -17,9 +17,9 @@ runs; under a budget, whether its peak fits. A batch fits the truth only when it
 probe_truth.TRUTH_READINGS new processes one after another, twice as many where their peaks differ
 by more than the noise (peaks differ between processes on some hosts: device_profiles/README.md,
 "Peaks that differ between processes"). Since a sample of three cannot say how often a batch
-goes over, slow_start's largest answer is then run in probe_truth.ANSWER_PROCESSES more new
-processes, one after another, and the report gives how many went over with a 95% bound on the
-share that would (probe_truth.answer_failures).
+goes over, slow_start's largest answer and the truth's ceiling are then run in
+probe_truth.ANSWER_PROCESSES more new processes each, one after another, and the report gives how
+many went over with a 95% bound on the share that would (probe_truth.answer_failures).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 from harness import MIB, ROOT, Deadline, Mode, capped_malloc_arenas, log, ratio_stat, stat_of
+from answer_failures import batches_to_count
 from probe_truth import ANSWER_PROCESSES, answer_failures, judge, measure_truth, truth_seconds_left
 
 # (strategy, start batch). Accelerate's finder starts at its default 128 and only shrinks; the
@@ -213,16 +214,17 @@ def _run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until, 
     for method in runs.values():
         for run in method:
             run.update(judge(run["found"], truth))
-    # How often training at slow_start's largest answer goes over: the truth says whether three (or
-    # six) new processes fitted, this counts ANSWER_PROCESSES of them (tools/answer_failures.py does
-    # the same for a kept results file). From what is left of the scenario's share.
-    answers = [r["found"] for r in runs["slow_start"] if r["found"]]
-    counted = None
-    if answers:
-        counted = answer_failures(scenario.model, max(answers), scenario.budget_bytes, scenario.headroom_bytes,
-                                  ANSWER_PROCESSES, seconds_left=truth_until)
-        log(f"probe {scenario.model.split('/')[-1]} slow_start's answer {max(answers)}: over in {counted['over']} "
-            f"of {counted['processes']} new processes")
+    # How often training at slow_start's largest answer, and at the truth's ceiling, goes over: the
+    # truth says whether three (or six) new processes fitted, this counts ANSWER_PROCESSES of them
+    # (tools/bench/answer_failures.py does the same for a kept results file). From what is left of
+    # the scenario's share.
+    counted = []
+    for batch, names in batches_to_count({"runs": runs, "truth": truth}, ["slow_start"], True).items():
+        count = answer_failures(scenario.model, batch, scenario.budget_bytes, scenario.headroom_bytes,
+                                ANSWER_PROCESSES, seconds_left=truth_until)
+        counted.append({"answer_of": names, **count})
+        log(f"probe {scenario.model.split('/')[-1]} {' and '.join(names)} {batch}: over in {count['over']} of "
+            f"{count['processes']} new processes")
     return {
         "scenario": asdict(scenario),
         "truth": truth,

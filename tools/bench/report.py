@@ -125,11 +125,10 @@ def _probe_targets(scenario: dict) -> list[list[str]]:
             measured += (f"; {fmt(edge, 3)} of the edge below the first fresh failure "
                          f"({truth['edge_below_first_failure']}; {truth['failures_below_ceiling'][0]} fails)")
         rows.append([f"found/true >= 0.97, no unsafe answer: {name}", measured, _verdict(ok)])
-    counted = scenario.get("answer_failures")
-    if counted and counted["processes"]:
-        rows.append([f"new processes over the budget at the answer (no target): {name}",
-                     f"{counted['over']} of {counted['processes']} at {counted['batch']} (share at most "
-                     f"{counted['share_upper']:.0%} at 95%)", "for reference"])
+    for counted in scenario.get("answer_failures") or []:
+        if counted["processes"]:
+            rows.append([f"new processes over the budget at {_counted_what(counted['answer_of'])} (no target): {name}", f"{counted['over']} of {counted['processes']} at {counted['batch']} "
+                         f"(share at most {counted['share_upper']:.0%} at 95%)", "for reference"])
     # Issue 9's cost targets: median trials <= 0.5x and median wall time <= 0.6x binsearch's.
     for key, label, target in (("trials_vs_binsearch", "trials", 0.5), ("wall_vs_binsearch", "wall seconds", 0.6)):
         value = _stat(slow.get(key))
@@ -167,17 +166,28 @@ def _worker_kind_lines(summary: dict) -> list[str]:
                 "worker only its steps): " + "; ".join(parts) + "."]
 
 
-def _answer_failure_lines(counted: dict | None, info: dict) -> list[str]:
-    """One line: how many new processes went over at slow_start's answer (probe_truth.answer_failures);
-    nothing for results from before it was counted."""
-    if not counted or not counted["processes"]:
-        return []
-    peaks = [p for p in counted["peaks"] if p is not None]
-    span = f"peaks {min(peaks) / MIB:,.1f}-{max(peaks) / MIB:,.1f} MiB" if peaks else "no peak read"
+def _counted_what(answer_of: list[str]) -> str:
+    """What a counted batch is: ["slow_start", "truth"] -> "slow_start's answer and the truth's ceiling"."""
+    return " and ".join("the truth's ceiling" if name == "truth" else f"{name}'s answer" for name in answer_of)
+
+
+def _answer_failure_lines(counts: list[dict] | None, info: dict) -> list[str]:
+    """One line: how many new processes went over at slow_start's answer and at the truth's ceiling
+    (probe_truth.answer_failures); nothing for results from before they were counted."""
     over = "failed to run under the cap" if info.get("headroom_bytes") else "went over the budget"
-    return ["", f"slow_start's answer, {counted['batch']}, run in {counted['processes']} more new processes one after "
-                f"another: {counted['over']} {over} ({span}); at 95% confidence the share of new processes "
-                f"that do is at most {counted['share_upper']:.0%}."]
+    parts = []
+    for counted in counts or []:
+        if not counted["processes"]:
+            continue
+        peaks = [p for p in counted["peaks"] if p is not None]
+        span = f"peaks {min(peaks) / MIB:,.1f}-{max(peaks) / MIB:,.1f} MiB" if peaks else "no peak read"
+        parts.append(f"{counted['batch']} ({_counted_what(counted['answer_of'])}): {counted['over']} of "
+                     f"{counted['processes']} {over} ({span}; the share that would is at most "
+                     f"{counted['share_upper']:.0%} at 95% confidence)")
+    if not parts:
+        return []
+    return ["", "Counted in more new processes, one after another (probe_truth.answer_failures): " + "; ".join(parts)
+            + "."]
 
 
 def probe_lines(section: dict) -> list[str]:
