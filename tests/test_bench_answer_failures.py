@@ -34,6 +34,23 @@ def test_each_methods_largest_answer_and_the_truth_are_counted_once_largest_firs
     assert answer_failures.batches_to_count(scenario(ceiling=None), ["slow_start"], True) == {954: ["slow_start"]}
 
 
+def test_a_methods_safe_batch_is_counted_as_recorded_or_as_the_profile_would_read_its_trial_log():
+    mib = 1024**2
+    recorded = scenario(slow=(954,))
+    recorded["runs"]["slow_start"][0]["safe_batch"] = 700
+    assert answer_failures.batches_to_count(recorded, ["slow_start", "slow_start:safe"], False) == {
+        954: ["slow_start"], 700: ["slow_start:safe"]}
+    # An older run, without the field: its trial log on a line of 100 MiB + 1 MiB per sample, read in
+    # new processes, under a 1 GiB budget less the 1% margin; nothing over the budget, no spread.
+    log = [{"batch": b, "ok": True, "error": None, "peak_bytes": (100 + b) * mib, "measured": True, "fresh": True,
+            "forked": False} for b in (8, 100, 400, 800, 900, 900, 900)]
+    older = {"found": 900, "budget_bytes": 1024 * mib, "inter_op_threads": 1, "trial_log": log}
+    safe = answer_failures.safe_batch_of_run(older)
+    # summary.safe_batch_of: the largest batch under 90% of the fit budget (1,013.76 MiB at one thread).
+    assert safe == int(0.9 * 1024 * 0.99 - 100)
+    assert answer_failures.safe_batch_of_run({"found": None, "trial_log": log, "budget_bytes": 1}) is None
+
+
 def test_a_model_file_from_the_benchmarks_worktree_is_found_in_this_checkout():
     local = answer_failures.local_model_spec("/tmp/bw/tests/models/dense_wide.py:build")
     assert local == f"{answer_failures.ROOT / 'tests' / 'models' / 'dense_wide.py'}:build"

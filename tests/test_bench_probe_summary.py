@@ -99,7 +99,7 @@ def test_a_scenario_counts_slow_starts_largest_answer_and_the_truths_ceiling(mon
 
     def run_method(scenario, strategy, start_batch):
         answer = next(found[strategy]) if strategy in found else 100
-        return {**run(0, 10, 1.0), "found": answer, "error": None, "trial_log": []}
+        return {**run(0, 10, 1.0), "found": answer, "safe_batch": answer - 300, "error": None, "trial_log": []}
 
     def measure_truth(model, answers, hints, **kwargs):
         return {"ceiling": 985, "first_failure_above": 994, "narrowed_to_resolution": True, "checks": []}
@@ -118,5 +118,7 @@ def test_a_scenario_counts_slow_starts_largest_answer_and_the_truths_ceiling(mon
     monkeypatch.setattr(probe_bench, "log", lambda line: None)
     scenario = probe_bench.Scenario("toy", "text_cnn", 8192, budget_bytes=1280 * 1024**2)
     result = probe_bench.run_scenario(scenario, 2, methods_until=lambda: 1e9, truth_until=lambda: 123.0)
-    assert counted == [985, 954] and shares == [123.0, 123.0]
-    assert [(c["answer_of"], c["over"]) for c in result["answer_failures"]] == [(["truth"], 1), (["slow_start"], 0)]
+    assert counted == [985, 954, 654] and shares == [123.0] * 3
+    assert [(c["answer_of"], c["over"]) for c in result["answer_failures"]] == [
+        (["truth"], 1), (["slow_start"], 0), (["slow_start:safe"], 0)]
+    assert report._counted_what(["slow_start:safe", "truth"]) == "slow_start's safe_batch and the truth's ceiling"

@@ -36,16 +36,43 @@ SECTION_END = "<!-- answer_failures:end -->"
 
 
 def batches_to_count(scenario: dict, methods: list[str], with_truth: bool) -> dict[int, list[str]]:
-    """Batch -> what it is (each method whose largest answer it is, and "truth"), largest batch first."""
+    """Batch -> what it is, largest batch first: for each of `methods`, the largest answer of its runs
+    ("slow_start") or, with ":safe", the largest safe_batch ("slow_start:safe", safe_batch_of_run);
+    with `with_truth`, the truth's ceiling ("truth")."""
     named: dict[int, list[str]] = {}
     for method in methods:
-        answers = [run["found"] for run in scenario["runs"].get(method, []) if run.get("found")]
-        if answers:
-            named.setdefault(max(answers), []).append(method)
+        name, _, part = method.partition(":")
+        runs = scenario["runs"].get(name, [])
+        batches = [safe_batch_of_run(run) if part == "safe" else run.get("found") for run in runs]
+        batches = [b for b in batches if b]
+        if batches:
+            named.setdefault(max(batches), []).append(method)
     ceiling = scenario["truth"].get("ceiling")
     if with_truth and ceiling:
         named.setdefault(ceiling, []).append("truth")
     return dict(sorted(named.items(), reverse=True))
+
+
+def safe_batch_of_run(run: dict) -> int | None:
+    """The safe_batch a profile of this benchmark run would record: what the run recorded
+    (probe_bench.run_method, since 2026-12-07), else api._build_profile's reading of its trial log
+    (summary.safe_batch_of at the default headroom, multiple 1, against the budget less the
+    measurement margin). None for a run without an answer or without a trial log."""
+    if "safe_batch" in run:
+        return run["safe_batch"]
+    if not run.get("found") or not run.get("trial_log") or not run.get("budget_bytes"):
+        return None
+    from edgebatch.probing import api, margins, summary
+    from edgebatch.profiles.model import Trial
+
+    trials = [Trial(batch=t["batch"], ok=t["ok"], error=t["error"], peak_bytes=t["peak_bytes"],
+                    process_peak_bytes=t["peak_bytes"], allocator_peak_bytes=None, step_seconds=None,
+                    samples_per_second=t.get("samples_per_second"), measured=t["measured"],
+                    fresh=bool(t.get("fresh")), forked=t.get("forked"))
+              for t in run["trial_log"]]
+    budget = margins.fit_budget_bytes(run["budget_bytes"], run.get("inter_op_threads") or 1)
+    return summary.safe_batch_of(trials, budget, api.ProbeRequest().headroom, 1, summary.memory_model_of(trials),
+                                 run["found"])
 
 
 def local_model_spec(spec: str) -> str:
@@ -138,8 +165,9 @@ def main() -> int:
     parser.add_argument("results", type=Path, nargs="?", help="a results file of tools/bench/run.py --only probe")
     parser.add_argument("--processes", type=int, default=ANSWER_PROCESSES,
                         help=f"new processes per batch (default {ANSWER_PROCESSES})")
-    parser.add_argument("--methods", default="slow_start",
-                        help="comma-separated methods whose largest answer is counted (default slow_start)")
+    parser.add_argument("--methods", default="slow_start,slow_start:safe",
+                        help="comma-separated methods whose largest answer is counted; METHOD:safe counts its "
+                             "largest safe_batch, the batch the profile gives training (default %(default)s)")
     parser.add_argument("--truth", action="store_true", help="count the truth's ceiling too")
     parser.add_argument("--scenarios", default="",
                         help="comma-separated parts of scenario names to keep (default: every scenario)")

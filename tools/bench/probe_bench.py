@@ -17,7 +17,8 @@ runs; under a budget, whether its peak fits. A batch fits the truth only when it
 probe_truth.TRUTH_READINGS new processes one after another, twice as many where their peaks differ
 by more than the noise (peaks differ between processes on some hosts: device_profiles/README.md,
 "Peaks that differ between processes"). Since a sample of three cannot say how often a batch
-goes over, slow_start's largest answer and the truth's ceiling are then run in
+goes over, slow_start's largest answer, its largest safe_batch (what the profile gives training:
+under the budget less the default 10% headroom) and the truth's ceiling are then run in
 probe_truth.ANSWER_PROCESSES more new processes each, one after another, and the report gives how
 many went over with a 95% bound on the share that would (probe_truth.answer_failures).
 """
@@ -45,6 +46,10 @@ METHODS = (
     ("shrink_x0.9", 128),
     ("shrink_x0.5", 128),
 )
+# What section 1 counts in probe_truth.ANSWER_PROCESSES more new processes, besides the truth's
+# ceiling (answer_failures.batches_to_count): slow_start's largest answer, and its largest safe_batch,
+# the batch the profile gives training.
+COUNTED = ("slow_start", "slow_start:safe")
 # A method's first run is assumed to cost this much (later runs: what its last run took); the
 # cheap baselines take 8-20 s here, slow_start and binsearch 35-100 s.
 FIRST_RUN_GUESS_SECONDS = 15.0
@@ -106,7 +111,7 @@ class _CountingList(list):
 def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
     """One probe with `strategy` on edgebatch's trial runner; what it found and what it cost."""
     from edgebatch.errors import EdgebatchError
-    from edgebatch.probing import api, margins
+    from edgebatch.probing import api, margins, summary
     from edgebatch.probing.search import SearchConfig
     from edgebatch.probing.worker import WorkerSetup, start_worker
     from edgebatch.zoo import parse_model_spec
@@ -118,7 +123,7 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         address_space_headroom_bytes=scenario.headroom_bytes,
     )
     workers = _CountingList()
-    trials, found, error, baseline, budget, fork, forked = [], None, None, None, scenario.budget_bytes, None, False
+    trials, found, safe, error, baseline, budget, fork, forked = [], None, None, None, None, scenario.budget_bytes, None, False
     started = time.perf_counter()
     try:
         scout = start_worker(setup)
@@ -143,6 +148,11 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         fork = api._FreshWorkers("CPU:0", budget, lambda line: None)
         trials, final = api._search(config, setup, workers, "process_peak", lambda line: None, fork)
         found = final.max_batch
+        # The batch the profile would give training (the governor's ceiling): api._build_profile's
+        # reading of the same trials, at the default headroom, multiple 1.
+        if found:
+            safe = summary.safe_batch_of(trials, config.budget_bytes, api.ProbeRequest().headroom, 1,
+                                         summary.memory_model_of(trials), found)
         forked = fork.server is not None
     except EdgebatchError as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -157,6 +167,7 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         "strategy": strategy,
         "start_batch": start_batch,
         "found": found,
+        "safe_batch": safe,
         "error": error,
         "wall_seconds": round(seconds, 2),
         "trials": len(measured),
@@ -219,7 +230,7 @@ def _run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until, 
     # (tools/bench/answer_failures.py does the same for a kept results file). From what is left of
     # the scenario's share.
     counted = []
-    for batch, names in batches_to_count({"runs": runs, "truth": truth}, ["slow_start"], True).items():
+    for batch, names in batches_to_count({"runs": runs, "truth": truth}, COUNTED, True).items():
         count = answer_failures(scenario.model, batch, scenario.budget_bytes, scenario.headroom_bytes,
                                 ANSWER_PROCESSES, seconds_left=truth_until)
         counted.append({"answer_of": names, **count})

@@ -167,8 +167,15 @@ def _worker_kind_lines(summary: dict) -> list[str]:
 
 
 def _counted_what(answer_of: list[str]) -> str:
-    """What a counted batch is: ["slow_start", "truth"] -> "slow_start's answer and the truth's ceiling"."""
-    return " and ".join("the truth's ceiling" if name == "truth" else f"{name}'s answer" for name in answer_of)
+    """What a counted batch is: ["slow_start", "truth"] -> "slow_start's answer and the truth's ceiling";
+    "slow_start:safe" is slow_start's safe_batch (answer_failures.batches_to_count)."""
+    def one(name: str) -> str:
+        if name == "truth":
+            return "the truth's ceiling"
+        method, _, part = name.partition(":")
+        return f"{method}'s safe_batch" if part == "safe" else f"{method}'s answer"
+
+    return " and ".join(one(name) for name in answer_of)
 
 
 def _answer_failure_lines(counts: list[dict] | None, info: dict) -> list[str]:
