@@ -97,3 +97,23 @@ def test_the_rendered_bound_is_probe_truths(over, processes):
                           "batch": 8, "processes": processes, "over": over, "peaks": [None] * processes,
                           "share_upper": probe_truth.failure_share_upper(over, processes)}]}
     assert f"| {over} / {processes} | {probe_truth.failure_share_upper(over, processes):.0%} | - |" in answer_failures.render(data)
+
+
+def test_counts_of_one_batch_in_several_measurements_add_up_in_the_merge():
+    def row(scenario, batch, over, processes, names):
+        return {"scenario": scenario, "batch": batch, "over": over, "processes": processes, "answer_of": names,
+                "peaks": [1] * processes, "errors": [], "seconds": float(processes), "budget_bytes": 1,
+                "headroom_bytes": None, "share_upper": None}
+
+    first = {"environment": {"date_utc": "a"}, "processes": 10, "results": "r.json",
+             "measured": [row("mobilenet", 29, 0, 10, ["truth"]), row("mlp", 24421, 7, 10, ["truth"])]}
+    second = {"environment": {"date_utc": "b"}, "processes": 10, "results": "r.json",
+              "measured": [row("mlp", 20736, 0, 10, ["binsearch"]), row("mobilenet", 29, 1, 10, ["binsearch"]),
+                           row("mobilenet", 28, 0, 10, ["binsearch_checked"])]}
+    merged = answer_failures.merge([first, second])
+    assert [(r["scenario"], r["batch"], r["over"], r["processes"]) for r in merged["measured"]] == [
+        ("mobilenet", 29, 1, 20), ("mobilenet", 28, 0, 10), ("mlp", 24421, 7, 10), ("mlp", 20736, 0, 10)]
+    assert merged["measured"][0]["answer_of"] == ["truth", "binsearch"] and len(merged["measured"][0]["peaks"]) == 20
+    assert merged["measured"][0]["share_upper"] == pytest.approx(probe_truth.failure_share_upper(1, 20))
+    assert [m["environment"]["date_utc"] for m in merged["merged"]] == ["a", "b"]
+    assert first["measured"][0]["processes"] == 10  # the inputs are left as they were

@@ -11,7 +11,8 @@ that go over the budget (under an address-space cap: those that fail to run). It
 process, writes the measurement as JSON (`--out`, by default
 tools/bench/results/answer_failures.json), and prints its BENCHMARKS.md section: the count and the
 95% upper bound on the share of processes that go over (probe_truth.failure_share_upper);
-`--benchmarks-md BENCHMARKS.md` puts the section there, `--from-json` renders a kept measurement again.
+`--benchmarks-md BENCHMARKS.md` puts the section there, `--from-json` renders a kept measurement again
+(given more than once, the merge of several, written to `--out`: counts of one batch add up).
 
     python tools/bench/answer_failures.py tools/bench/results/results.json --truth --benchmarks-md BENCHMARKS.md
 
@@ -29,7 +30,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from harness import MIB, RESULTS_DIR, ROOT, capped_malloc_arenas, environment, log, publish_section, write_json
-from probe_truth import ANSWER_PROCESSES, SHARE_CONFIDENCE, answer_failures
+from probe_truth import ANSWER_PROCESSES, SHARE_CONFIDENCE, answer_failures, failure_share_upper
 
 SECTION_START = "<!-- answer_failures:start -->"
 SECTION_END = "<!-- answer_failures:end -->"
@@ -130,21 +131,56 @@ def count(results: dict, results_path: Path, processes: int, methods: list[str],
     return data
 
 
+def merge(kept: list[dict]) -> dict:
+    """One measurement of several counts of the same results file: rows of one scenario and batch
+    add their processes, failures, peaks and seconds, and name every method they were the answer of;
+    scenarios keep the order they first appear in, batches run largest first. The first
+    measurement's environment stands for all (each keeps its own under `merged`)."""
+    rows: dict[tuple[str, int], dict] = {}
+    for data in kept:
+        for row in data["measured"]:
+            key = (row["scenario"], row["batch"])
+            if key not in rows:
+                rows[key] = {**row, "answer_of": list(row["answer_of"]), "peaks": list(row["peaks"]),
+                             "errors": list(row.get("errors", []))}
+                continue
+            into = rows[key]
+            into["answer_of"] += [name for name in row["answer_of"] if name not in into["answer_of"]]
+            into["peaks"] += row["peaks"]
+            into["errors"] = sorted(set(into["errors"]) | set(row.get("errors", [])))
+            into["processes"] += row["processes"]
+            into["over"] += row["over"]
+            into["seconds"] = round(into["seconds"] + row["seconds"], 1)
+    for row in rows.values():
+        row["share_upper"] = failure_share_upper(row["over"], row["processes"]) if row["processes"] else None
+    order = list(dict.fromkeys(scenario for scenario, _ in rows))
+    measured = sorted(rows.values(), key=lambda row: (order.index(row["scenario"]), -row["batch"]))
+    first = kept[0]
+    merged = {**first, "measured": measured}
+    if len(kept) > 1:
+        merged["merged"] = [{key: data.get(key) for key in ("environment", "processes")} for data in kept]
+    return merged
+
+
 def render(data: dict) -> str:
     """The BENCHMARKS.md section of a measurement."""
     env, source = data.get("environment", {}), data.get("results_environment", {})
+    dates = [(run.get("environment") or {}).get("date_utc", "-") for run in data.get("merged", [])]
+    when = (f"{len(dates)} runs merged, started {', '.join(dates)}" if dates
+            else env.get("date_utc", "-"))
     rows = []
     for row in data["measured"]:
         peaks = [p for p in row["peaks"] if p is not None]
         span = f"{_peak_mib(min(peaks))}-{_peak_mib(max(peaks))}" if peaks else "-"
         limit = (f"cap +{row['headroom_bytes'] / MIB:.0f} MiB" if row.get("headroom_bytes")
                  else f"{row['budget_bytes'] / MIB:,.0f} MiB")
-        rows.append(f"| {row['scenario']} | {limit} | {row['batch']} | {', '.join(row['answer_of'])} | "
+        what = ", ".join(name.replace(":safe", " safe_batch") for name in row["answer_of"])
+        rows.append(f"| {row['scenario']} | {limit} | {row['batch']} | {what} | "
                     f"{row['over']} / {row['processes']} | {row['share_upper']:.0%} | {span} |")
     return "\n".join([
         SECTION_START, "",
-        "## 1b. Over the budget at the answer: a share of new processes, not a yes or no", "",
-        f"`python tools/bench/answer_failures.py` (commit {env.get('git_commit') or '-'}, {env.get('date_utc', '-')}, "
+        "## 11. Over the budget at an answer: a share of new processes, not a yes or no (issue 9)", "",
+        f"`python tools/bench/answer_failures.py` (commit {env.get('git_commit') or '-'}, {when}, "
         f"{env.get('cpu', '-')}, {env.get('cores', '-')} cores) on the answers of `{Path(data['results']).name}` "
         f"(section 1's run at commit {source.get('git_commit') or '-'}, {source.get('cpu', '-')}). Each batch ran in "
         f"{data['processes']} more new processes, one after another (tests/support/fresh_step.py, the truth's step, "
@@ -152,7 +188,8 @@ def render(data: dict) -> str:
         f"run); the bound is the one-sided {SHARE_CONFIDENCE:.0%} Clopper-Pearson upper bound on the share of new "
         "processes that would. Section 1's truth calls a batch safe when three new processes (six where their "
         "peaks differ) all fit; this counts how often one does not. How it is made: the docstring of "
-        "tools/bench/answer_failures.py.", "",
+        "tools/bench/answer_failures.py; what it says: device_profiles/README.md, \"Counted: how often an "
+        "answer goes over\".", "",
         "| scenario | budget | batch | answer of | over / processes | share over, 95% bound | peaks, MiB |",
         "|---|---|---|---|---|---|---|",
         *rows, "",
@@ -174,13 +211,21 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "answer_failures.json",
                         help="where the measurement is written as JSON (default %(default)s)")
     parser.add_argument("--benchmarks-md", type=Path, help="put the section in this file (BENCHMARKS.md)")
-    parser.add_argument("--from-json", type=Path, help="render a kept measurement instead of running one")
+    parser.add_argument("--from-json", type=Path, action="append",
+                        help="render a kept measurement instead of running one; more than once: their merge, "
+                             "written to --out")
     args = parser.parse_args()
     if args.from_json:
-        try:
-            data = json.loads(args.from_json.read_text())
-        except (OSError, ValueError) as exc:
-            parser.error(f"cannot read {args.from_json} ({type(exc).__name__}: {exc})")
+        kept = []
+        for path in args.from_json:
+            try:
+                kept.append(json.loads(path.read_text()))
+                kept[-1]["measured"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                parser.error(f"cannot read a measurement from {path} ({type(exc).__name__}: {exc})")
+        data = merge(kept)
+        if len(kept) > 1:
+            write_json(args.out, data)
     else:
         if args.results is None:
             parser.error("give a results file, or --from-json")
