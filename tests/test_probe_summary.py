@@ -217,3 +217,22 @@ def test_the_profile_judges_readings_by_the_budget_the_repeats_lowered():
     assert summary.safe_batch_of(trials, budget, 0.0, 1, None) == 27
     agreeing = [t for t in trials if t.batch != 30 or t.peak_bytes == 1420 * MIB]
     assert summary.max_batch_of(agreeing, budget) == 30
+
+
+def test_a_level_behind_a_spread_is_counted_once_in_the_safe_batch():
+    # New processes on a line of 800 MiB + 1 MiB per sample; one of two read 300 a level higher
+    # (1,210 against 1,100 MiB: a 10% spread, so readings are judged against 1,340 / 1.1 MiB).
+    def new_process(batch, peak_mib):
+        return dataclasses.replace(trial(batch, peak_mib, fresh=True), forked=False)
+
+    trials = [new_process(8, 808), new_process(200, 1000), new_process(300, 1100), new_process(300, 1210)]
+    model = MemoryModel(fixed_bytes=800 * MIB, per_sample_bytes=1 * MIB, r2=1.0, points=4)
+    budget = 1340 * MIB
+    assert summary.judged_budget_bytes(trials, budget) == int(budget / 1.1)
+    # The high reading, carried down the line, needs 4 samples fewer to fit 90% of the budget
+    # (1,206 MiB); the low ones, carried up, meet 90% of the lowered budget (1,096.4 MiB) at 296
+    # too. Judging the high reading against the lowered budget as well would count its level twice
+    # and answer 186.
+    assert summary.safe_batch_of(trials, budget, 0.10, 1, model, max_batch=300) == 296
+    # Without the high reading there is no spread, and the line meets 1,206 MiB at 406: the edge, 300.
+    assert summary.safe_batch_of(trials[:3], budget, 0.10, 1, model, max_batch=300) == 300

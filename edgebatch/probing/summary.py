@@ -90,7 +90,10 @@ def safe_batch_of(
     finder can answer above a failure, the safe batch still stays under it). With a memory model,
     every fit and every fresh reading is an anchor: from its own reading, stepping
     per_sample_bytes per sample, it says how far the batch can go before the reduced budget; the
-    smallest answer wins. Readings are not monotone in batch (a scout worker's history inflates its
+    smallest answer wins. Where readings of one batch differed (judged_budget_bytes lowers the
+    budget by that spread), an anchor stepping down to smaller batches is judged against the
+    reduced budget before that lowering: it carries its own level down, and the highest reading
+    behind the spread is an anchor too. One stepping up is judged against the lowered one. Readings are not monotone in batch (a scout worker's history inflates its
     peaks, a fresh worker reads lower, and a bump a fresh trial above it contradicted still read
     high; docs/tensorflow-memory.md: +-40 MiB steps), and the safe batch must respect the worst of them. Without a
     model, the largest measured fit under the reduced budget.
@@ -104,6 +107,11 @@ def safe_batch_of(
     that counts (the edge is a fit), so no fallback lands above one. None when nothing fits.
     Readings are judged by judged_budget_bytes, as the search judged them.
     """
+    # A reading carried down the line to a smaller batch keeps its own level, and the highest
+    # reading behind a spread is itself an anchor, so it is judged against the budget the spread
+    # did not lower; one carried up, where a level may be larger, against the lowered one. Both
+    # lowered (before 2026-12-07), one level counted twice: text_cnn's safe batch was 99 of 710.
+    unlowered_safe_budget = budget_bytes * (1 - headroom)
     budget_bytes = judged_budget_bytes(trials, budget_bytes)
     safe_budget = budget_bytes * (1 - headroom)
     ceiling = edge_of_trials(trials, budget_bytes).lo
@@ -118,12 +126,22 @@ def safe_batch_of(
         anchors = fitting_trials(trials, budget_bytes) + [
             t for t in trials if t.fresh and t.measured and t.peak_bytes is not None
         ]
-        safe = min(t.batch + math.floor((safe_budget - t.peak_bytes) / model.per_sample_bytes) for t in anchors)
+        safe = min(_anchor_bound(t, safe_budget, unlowered_safe_budget, model.per_sample_bytes) for t in anchors)
     safe = min(safe, ceiling)
     edge = hidden_limit_edge_of(trials, budget_bytes, model)
     if edge is not None:
         safe = min(safe, math.floor(edge * (1 - headroom)))
     return max(safe // multiple * multiple, multiple)
+
+
+def _anchor_bound(anchor: Trial, safe_budget: float, unlowered_safe_budget: float, per_sample_bytes: float) -> int:
+    """The largest batch one reading allows, stepping per_sample_bytes per sample from its own
+    peak: down to the unlowered safe budget when it reads over that, else up to the lowered one
+    (safe_batch_of)."""
+    down = anchor.batch + math.floor((unlowered_safe_budget - anchor.peak_bytes) / per_sample_bytes)
+    if down <= anchor.batch:
+        return down
+    return anchor.batch + math.floor((safe_budget - anchor.peak_bytes) / per_sample_bytes)
 
 
 def hidden_limit_edge_of(trials: Sequence[Trial], budget_bytes: float, model: MemoryModel | None) -> int | None:
