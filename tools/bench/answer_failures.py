@@ -187,7 +187,9 @@ def render(data: dict) -> str:
         "10 steps). 'over' counts processes whose resident peak went over the budget (under a cap: that failed to "
         f"run); the bound is the one-sided {SHARE_CONFIDENCE:.0%} Clopper-Pearson upper bound on the share of new "
         "processes that would. Section 1's truth calls a batch safe when three new processes (six where their "
-        "peaks differ) all fit; this counts how often one does not. How it is made: the docstring of "
+        "peaks differ) all fit; this counts how often one does not. A safe_batch row is the batch a profile of "
+        "the run would give training, as summary.safe_batch_of at the commit named here reads its trials. "
+        "How it is made: the docstring of "
         "tools/bench/answer_failures.py; what it says: device_profiles/README.md, \"Counted: how often an "
         "answer goes over\".", "",
         "| scenario | budget | batch | answer of | over / processes | share over, 95% bound | peaks, MiB |",
