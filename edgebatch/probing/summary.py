@@ -93,10 +93,11 @@ def safe_batch_of(
     smallest answer wins. Where readings of one batch differed (judged_budget_bytes lowers the
     budget by that spread), an anchor stepping down to smaller batches is judged against the
     reduced budget before that lowering: it carries its own level down, and the highest reading
-    behind the spread is an anchor too. One stepping up is judged against the lowered one. Readings are not monotone in batch (a scout worker's history inflates its
-    peaks, a fresh worker reads lower, and a bump a fresh trial above it contradicted still read
-    high; docs/tensorflow-memory.md: +-40 MiB steps), and the safe batch must respect the worst of them. Without a
-    model, the largest measured fit under the reduced budget.
+    behind the spread is an anchor too. One stepping up is judged against the lowered one.
+    Readings are not monotone in batch (a scout worker's history inflates its peaks, a fresh
+    worker reads lower, and a bump a fresh trial above it contradicted still read high;
+    docs/tensorflow-memory.md: +-40 MiB steps), and the safe batch must respect the worst of them.
+    Without a model, the largest measured fit under the reduced budget.
 
     When the ceiling is a limit the budget does not see (hidden_limit_edge_of), the headroom is
     also kept below that edge, in samples: its exact place moves by a few percent between
