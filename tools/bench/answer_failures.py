@@ -6,7 +6,8 @@ peak levels (device_profiles/README.md, "Peaks that differ between processes") t
 not a rate: a level drawn one time in three passes three processes 30% of the time. This tool
 reads a results file of `tools/bench/run.py --only probe`, and for each scenario runs N new
 processes (tests/support/fresh_step.py, the truth's own step, 10 steps each, one after another) at
-each chosen method's largest answer and, with `--truth`, at the truth's ceiling, and counts those
+each chosen method's largest answer (METHOD:safe: its largest safe_batch, the batch a profile gives
+training) and, with `--truth`, at the truth's ceiling, and counts those
 that go over the budget (under an address-space cap: those that fail to run). It logs one line per
 process, writes the measurement as JSON (`--out`, by default
 tools/bench/results/answer_failures.json), and prints its BENCHMARKS.md section: the count and the
@@ -87,7 +88,7 @@ def local_model_spec(spec: str) -> str:
 
 
 def _one_line(error: str) -> str:
-    """An error for a log line: a TensorFlow error's first line (they run to many lines)."""
+    """An error for a log line: on one line, cut to 80 characters (TensorFlow's run to many lines)."""
     return " ".join(error.split())[:80]
 
 
