@@ -117,3 +117,21 @@ def test_counts_of_one_batch_in_several_measurements_add_up_in_the_merge():
     assert merged["measured"][0]["share_upper"] == pytest.approx(probe_truth.failure_share_upper(1, 20))
     assert [m["environment"]["date_utc"] for m in merged["merged"]] == ["a", "b"]
     assert first["measured"][0]["processes"] == 10  # the inputs are left as they were
+
+
+def test_explain_safe_names_the_reading_that_sets_the_safe_batch():
+    mib = 1024**2
+    # A line of 100 MiB + 1 MiB per sample in new processes, and one fork-server child 50 MiB above
+    # it at 600: carried down the line it allows 600 - (50 + 700 - 0.9 x 0.99 x 1024 MiB) samples.
+    log = [{"batch": b, "ok": True, "error": None, "peak_bytes": (100 + b) * mib, "measured": True, "fresh": True,
+            "forked": False} for b in (8, 100, 400, 800, 900)]
+    log.append({"batch": 600, "ok": True, "error": None, "peak_bytes": 750 * mib, "measured": True, "fresh": True,
+                "forked": True})
+    run = {"found": 900, "budget_bytes": 1024 * mib, "inter_op_threads": 1, "trial_log": log}
+    lines = answer_failures.explain_safe({"scenario": {"name": "toy"}, "runs": {"slow_start": [run]}})
+    safe = answer_failures.safe_batch_of_run(run)
+    assert lines[0].startswith(f"toy: slow_start answered 900, safe_batch {safe};")
+    assert lines[2].startswith(f"  allows {safe}: 600 read at 750.0 MiB in a fork-server child (+")
+    assert safe < int(0.9 * 1024 * 0.99 - 100)  # the child's reading, not the line, sets it
+    assert answer_failures.explain_safe({"scenario": {"name": "toy"}, "runs": {}}) == [
+        "toy: no slow_start run with a trial log"]

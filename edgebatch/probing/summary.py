@@ -108,11 +108,7 @@ def safe_batch_of(
     that counts (the edge is a fit), so no fallback lands above one. None when nothing fits.
     Readings are judged by judged_budget_bytes, as the search judged them.
     """
-    # A reading carried down the line to a smaller batch keeps its own level, and the highest
-    # reading behind a spread is itself an anchor, so it is judged against the budget the spread
-    # did not lower; one carried up, where a level may be larger, against the lowered one. Both
-    # lowered (before 2026-12-07), one level counted twice: text_cnn's safe batch was 99 of 710.
-    unlowered_safe_budget = budget_bytes * (1 - headroom)
+    fit_budget_bytes = budget_bytes
     budget_bytes = judged_budget_bytes(trials, budget_bytes)
     safe_budget = budget_bytes * (1 - headroom)
     ceiling = edge_of_trials(trials, budget_bytes).lo
@@ -124,10 +120,7 @@ def safe_batch_of(
     if model is None or model.per_sample_bytes <= 0:
         safe = max((t.batch for t in fits if t.peak_bytes <= safe_budget), default=0)
     else:
-        anchors = fitting_trials(trials, budget_bytes) + [
-            t for t in trials if t.fresh and t.measured and t.peak_bytes is not None
-        ]
-        safe = min(_anchor_bound(t, safe_budget, unlowered_safe_budget, model.per_sample_bytes) for t in anchors)
+        safe = anchor_bounds(trials, fit_budget_bytes, headroom, model.per_sample_bytes)[0][0]
     safe = min(safe, ceiling)
     edge = hidden_limit_edge_of(trials, budget_bytes, model)
     if edge is not None:
@@ -135,10 +128,26 @@ def safe_batch_of(
     return max(safe // multiple * multiple, multiple)
 
 
+def anchor_bounds(trials: Sequence[Trial], budget_bytes: float, headroom: float,
+                  per_sample_bytes: float) -> list[tuple[int, Trial]]:
+    """safe_batch_of's anchors (every fit under the judged budget, every fresh reading), each with
+    the largest batch it allows (_anchor_bound), smallest bound first. `budget_bytes`: the budget
+    before any spread lowered it (judged_budget_bytes lowers it here)."""
+    judged = judged_budget_bytes(trials, budget_bytes)
+    fresh = [t for t in trials if t.fresh and t.measured and t.peak_bytes is not None]
+    anchors = list(dict.fromkeys(fitting_trials(trials, judged) + fresh))  # a fresh fit is both, once
+    bounds = [(_anchor_bound(t, judged * (1 - headroom), budget_bytes * (1 - headroom), per_sample_bytes), t)
+              for t in anchors]
+    return sorted(bounds, key=lambda pair: pair[0])
+
+
 def _anchor_bound(anchor: Trial, safe_budget: float, unlowered_safe_budget: float, per_sample_bytes: float) -> int:
     """The largest batch one reading allows, stepping per_sample_bytes per sample from its own
     peak: down to the unlowered safe budget when it reads over that, else up to the lowered one
-    (safe_batch_of)."""
+    (safe_batch_of). A reading carried down to a smaller batch keeps its own level, and the
+    highest reading behind a spread is itself an anchor, so the spread is not taken off again;
+    one carried up may meet a larger level there. Both lowered (before 2026-12-07), one level
+    counted twice: text_cnn's safe batch was 99 of 710."""
     down = anchor.batch + math.floor((unlowered_safe_budget - anchor.peak_bytes) / per_sample_bytes)
     if down <= anchor.batch:
         return down

@@ -14,6 +14,8 @@ tools/bench/results/answer_failures.json), and prints its BENCHMARKS.md section:
 95% upper bound on the share of processes that go over (probe_truth.failure_share_upper);
 `--benchmarks-md BENCHMARKS.md` puts the section there, `--from-json` renders a kept measurement again
 (given more than once, the merge of several, written to `--out`: counts of one batch add up).
+`--explain-safe` runs nothing: it prints, per scenario, the budget, the memory line and the readings
+that set slow_start's safe_batch (summary.anchor_bounds).
 
     python tools/bench/answer_failures.py tools/bench/results/results.json --truth --benchmarks-md BENCHMARKS.md
 
@@ -57,24 +59,66 @@ def batches_to_count(scenario: dict, methods: list[str], with_truth: bool) -> di
 
 def safe_batch_of_run(run: dict) -> int | None:
     """The safe_batch a profile of this benchmark run would record: what the run recorded
-    (probe_bench.run_method, since 2026-12-07), else api._build_profile's reading of its trial log
-    (summary.safe_batch_of at the default headroom, multiple 1, against the budget less the
-    measurement margin). None for a run without an answer or without a trial log."""
+    (probe_bench.run_method, since 2026-12-07), else profile_safe_batch of its trial log. None for
+    a run without an answer or without a trial log."""
     if "safe_batch" in run:
         return run["safe_batch"]
     if not run.get("found") or not run.get("trial_log") or not run.get("budget_bytes"):
         return None
-    from edgebatch.probing import api, margins, summary
+    return profile_safe_batch(trials_of_run(run), fit_budget_of_run(run), run["found"])
+
+
+def profile_safe_batch(trials, fit_budget_bytes: int, found: int) -> int | None:
+    """api._build_profile's safe_batch of these trials: summary.safe_batch_of at the default
+    headroom, multiple 1, with the trials' own memory model."""
+    from edgebatch.probing import api, summary
+
+    return summary.safe_batch_of(trials, fit_budget_bytes, api.ProbeRequest().headroom, 1,
+                                 summary.memory_model_of(trials), found)
+
+
+def trials_of_run(run: dict) -> list:
+    """A benchmark run's trial log as the probe's Trial records (what the log keeps of them)."""
     from edgebatch.profiles.model import Trial
 
-    trials = [Trial(batch=t["batch"], ok=t["ok"], error=t["error"], peak_bytes=t["peak_bytes"],
-                    process_peak_bytes=t["peak_bytes"], allocator_peak_bytes=None, step_seconds=None,
-                    samples_per_second=t.get("samples_per_second"), measured=t["measured"],
-                    fresh=bool(t.get("fresh")), forked=t.get("forked"))
-              for t in run["trial_log"]]
-    budget = margins.fit_budget_bytes(run["budget_bytes"], run.get("inter_op_threads") or 1)
-    return summary.safe_batch_of(trials, budget, api.ProbeRequest().headroom, 1, summary.memory_model_of(trials),
-                                 run["found"])
+    return [Trial(batch=t["batch"], ok=t["ok"], error=t["error"], peak_bytes=t["peak_bytes"],
+                  process_peak_bytes=t["peak_bytes"], allocator_peak_bytes=None, step_seconds=None,
+                  samples_per_second=t.get("samples_per_second"), measured=t["measured"],
+                  fresh=bool(t.get("fresh")), forked=t.get("forked"))
+            for t in run["trial_log"]]
+
+
+def fit_budget_of_run(run: dict) -> int:
+    """The budget a run's trials were judged by: its budget less the measurement margin."""
+    from edgebatch.probing import margins
+
+    return margins.fit_budget_bytes(run["budget_bytes"], run.get("inter_op_threads") or 1)
+
+
+def explain_safe(scenario: dict, method: str = "slow_start", shown: int = 3) -> list[str]:
+    """Why the largest answer's run of `method` has the safe_batch it has: its budget before and
+    after the spread lowered it, its memory line, and the `shown` anchors that allow least
+    (summary.anchor_bounds)."""
+    from edgebatch.probing import api, summary
+
+    runs = [run for run in scenario["runs"].get(method, []) if run.get("found") and run.get("trial_log")]
+    if not runs:
+        return [f"{scenario['scenario']['name']}: no {method} run with a trial log"]
+    run = max(runs, key=lambda r: r["found"])
+    trials, budget = trials_of_run(run), fit_budget_of_run(run)
+    model = summary.memory_model_of(trials)
+    lines = [f"{scenario['scenario']['name']}: {method} answered {run['found']}, safe_batch "
+             f"{profile_safe_batch(trials, budget, run['found'])}; budget {budget / MIB:,.1f} MiB, judged "
+             f"{summary.judged_budget_bytes(trials, budget) / MIB:,.1f} MiB"]
+    if model is None or model.per_sample_bytes <= 0:
+        return lines + ["  no trusted memory line: the largest fit under the reduced budget"]
+    lines.append(f"  line {model.fixed_bytes / MIB:,.1f} MiB + {model.per_sample_bytes / MIB:.4f} MiB per sample")
+    for bound, trial in summary.anchor_bounds(trials, budget, api.ProbeRequest().headroom,
+                                              model.per_sample_bytes)[:shown]:
+        kind = "reused worker" if not trial.fresh else ("fork-server child" if trial.forked else "new process")
+        lines.append(f"  allows {bound}: {trial.batch} read at {trial.peak_bytes / MIB:,.1f} MiB in a {kind} "
+                     f"({(trial.peak_bytes - model.predict_bytes(trial.batch)) / MIB:+,.1f} MiB from the line)")
+    return lines
 
 
 def local_model_spec(spec: str) -> str:
@@ -214,10 +258,22 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "answer_failures.json",
                         help="where the measurement is written as JSON (default %(default)s)")
     parser.add_argument("--benchmarks-md", type=Path, help="put the section in this file (BENCHMARKS.md)")
+    parser.add_argument("--explain-safe", action="store_true",
+                        help="print why each scenario's slow_start safe_batch is what it is (no processes run)")
     parser.add_argument("--from-json", type=Path, action="append",
                         help="render a kept measurement instead of running one; more than once: their merge, "
                              "written to --out")
     args = parser.parse_args()
+    if args.explain_safe:
+        if args.results is None:
+            parser.error("--explain-safe needs a results file")
+        try:
+            results = read_results(args.results)
+        except ValueError as exc:
+            parser.error(str(exc))
+        for scenario in results["sections"]["probe"]["scenarios"]:
+            print("\n".join(explain_safe(scenario)))
+        return 0
     if args.from_json:
         kept = []
         for path in args.from_json:

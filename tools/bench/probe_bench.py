@@ -31,7 +31,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 from harness import MIB, ROOT, Deadline, Mode, capped_malloc_arenas, log, ratio_stat, stat_of
-from answer_failures import batches_to_count
+from answer_failures import batches_to_count, profile_safe_batch
 from probe_truth import ANSWER_PROCESSES, answer_failures, judge, measure_truth, truth_seconds_left
 
 # (strategy, start batch). Accelerate's finder starts at its default 128 and only shrinks; the
@@ -111,7 +111,7 @@ class _CountingList(list):
 def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
     """One probe with `strategy` on edgebatch's trial runner; what it found and what it cost."""
     from edgebatch.errors import EdgebatchError
-    from edgebatch.probing import api, margins, summary
+    from edgebatch.probing import api, margins
     from edgebatch.probing.search import SearchConfig
     from edgebatch.probing.worker import WorkerSetup, start_worker
     from edgebatch.zoo import parse_model_spec
@@ -151,8 +151,7 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         # The batch the profile would give training (the governor's ceiling): api._build_profile's
         # reading of the same trials, at the default headroom, multiple 1.
         if found:
-            safe = summary.safe_batch_of(trials, config.budget_bytes, api.ProbeRequest().headroom, 1,
-                                         summary.memory_model_of(trials), found)
+            safe = profile_safe_batch(trials, config.budget_bytes, found)
         forked = fork.server is not None
     except EdgebatchError as exc:
         error = f"{type(exc).__name__}: {exc}"
