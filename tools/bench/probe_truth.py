@@ -141,7 +141,11 @@ def answer_failures(model_spec: str, batch: int, budget_bytes: int | None, headr
 
 def failure_share_upper(over: int, processes: int, confidence: float = SHARE_CONFIDENCE) -> float:
     """The one-sided upper confidence bound (Clopper-Pearson) on the share of processes that fail,
-    having seen `over` of `processes` fail: 0 of 10 still allows 25.9% at 95%, 0 of 20 13.9%."""
+    having seen `over` of `processes` fail: 0 of 10 still allows 25.9% at 95%, 0 of 20 13.9%.
+
+    It treats the processes as independent draws. They run one after another, and peak levels can
+    come in runs (small_cnn at 326: three high draws of five in a row, device_profiles/README.md,
+    "The run at cb29ff0"), so the bound is a best case."""
     if not 0 <= over <= processes or processes < 1:
         raise ValueError(f"{over} failures of {processes} processes")
     if over == processes:
