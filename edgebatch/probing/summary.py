@@ -108,21 +108,19 @@ def safe_batch_of(
     that counts (the edge is a fit), so no fallback lands above one. None when nothing fits.
     Readings are judged by judged_budget_bytes, as the search judged them.
     """
-    fit_budget_bytes = budget_bytes
-    budget_bytes = judged_budget_bytes(trials, budget_bytes)
-    safe_budget = budget_bytes * (1 - headroom)
-    ceiling = edge_of_trials(trials, budget_bytes).lo
+    judged = judged_budget_bytes(trials, budget_bytes)
+    ceiling = edge_of_trials(trials, judged).lo
     if max_batch is not None:
         ceiling = min(ceiling, max_batch)
     if ceiling < multiple:
         return None
-    fits = [t for t in fitting_trials(trials, budget_bytes) if t.batch <= ceiling]
     if model is None or model.per_sample_bytes <= 0:
-        safe = max((t.batch for t in fits if t.peak_bytes <= safe_budget), default=0)
+        fits = [t for t in fitting_trials(trials, judged) if t.batch <= ceiling]
+        safe = max((t.batch for t in fits if t.peak_bytes <= judged * (1 - headroom)), default=0)
     else:
-        safe = anchor_bounds(trials, fit_budget_bytes, headroom, model.per_sample_bytes)[0][0]
+        safe = anchor_bounds(trials, budget_bytes, headroom, model.per_sample_bytes)[0][0]
     safe = min(safe, ceiling)
-    edge = hidden_limit_edge_of(trials, budget_bytes, model)
+    edge = hidden_limit_edge_of(trials, judged, model)
     if edge is not None:
         safe = min(safe, math.floor(edge * (1 - headroom)))
     return max(safe // multiple * multiple, multiple)
