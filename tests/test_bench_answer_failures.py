@@ -135,3 +135,21 @@ def test_explain_safe_names_the_reading_that_sets_the_safe_batch():
     assert safe < int(0.9 * 1024 * 0.99 - 100)  # the child's reading, not the line, sets it
     assert answer_failures.explain_safe({"scenario": {"name": "toy"}, "runs": {}}) == [
         "toy: no slow_start run with a trial log"]
+
+
+def test_the_trial_log_lists_each_reading_and_where_it_was_read():
+    mib = 1024**2
+    log = [{"batch": 8, "ok": True, "error": None, "peak_bytes": 100 * mib, "measured": True, "fresh": True,
+            "forked": False},
+           {"batch": 16, "ok": True, "error": None, "peak_bytes": 110 * mib, "measured": True, "fresh": False,
+            "forked": None},
+           {"batch": 64, "ok": False, "error": "predicted_over_budget", "peak_bytes": 160 * mib, "measured": False,
+            "fresh": False, "forked": None},
+           {"batch": 40, "ok": False, "error": "over_budget", "peak_bytes": 150 * mib, "measured": True,
+            "fresh": True, "forked": True}]
+    scenario = {"scenario": {"name": "toy"}, "runs": {"slow_start": [{"found": 16, "trial_log": log}]}}
+    assert answer_failures.trial_log_lines(scenario) == [
+        "toy:", "  slow_start run 1: answered 16",
+        "    8 fits: 100.0 MiB (new process)", "    16 fits: 110.0 MiB (reused worker)",
+        "    64 predicted_over_budget: 160.0 MiB (predicted, not run)",
+        "    40 over_budget: 150.0 MiB (fork-server child)"]

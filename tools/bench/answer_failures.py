@@ -16,6 +16,8 @@ tools/bench/results/answer_failures.json), and prints its BENCHMARKS.md section:
 (given more than once, the merge of several, written to `--out`: counts of one batch add up).
 `--explain-safe` runs nothing: it prints, per scenario, the budget, the memory line and the readings
 that set slow_start's safe_batch (summary.anchor_bounds).
+`--trial-log` runs nothing either: it prints every slow_start run's trials, in order, with each
+reading and where it was read.
 
     python tools/bench/answer_failures.py tools/bench/results/results.json --truth --benchmarks-md BENCHMARKS.md
 
@@ -115,10 +117,29 @@ def explain_safe(scenario: dict, method: str = "slow_start", shown: int = 3) -> 
     lines.append(f"  line {model.fixed_bytes / MIB:,.1f} MiB + {model.per_sample_bytes / MIB:.4f} MiB per sample")
     for bound, trial in summary.anchor_bounds(trials, budget, api.ProbeRequest().headroom,
                                               model.per_sample_bytes)[:shown]:
-        kind = "reused worker" if not trial.fresh else ("fork-server child" if trial.forked else "new process")
-        lines.append(f"  allows {bound}: {trial.batch} read at {trial.peak_bytes / MIB:,.1f} MiB in a {kind} "
+        lines.append(f"  allows {bound}: {trial.batch} read at {trial.peak_bytes / MIB:,.1f} MiB in a {_where(trial)} "
                      f"({(trial.peak_bytes - model.predict_bytes(trial.batch)) / MIB:+,.1f} MiB from the line)")
     return lines
+
+
+def trial_log_lines(scenario: dict, method: str = "slow_start") -> list[str]:
+    """Every run of `method` in a scenario, trial by trial in the order they ran: batch, outcome,
+    the reading in MiB and where it was read (the figures device_profiles/README.md quotes from a
+    run's trials)."""
+    lines = [f"{scenario['scenario']['name']}:"]
+    for number, run in enumerate(scenario["runs"].get(method, []), 1):
+        lines.append(f"  {method} run {number}: answered {run.get('found')}")
+        for trial in trials_of_run(run) if run.get("trial_log") else []:
+            outcome = "fits" if trial.ok else (trial.error or "failed")
+            reading = "-" if trial.peak_bytes is None else f"{trial.peak_bytes / MIB:,.1f} MiB"
+            where = _where(trial) if trial.measured else "predicted, not run"
+            lines.append(f"    {trial.batch} {outcome}: {reading} ({where})")
+    return lines
+
+
+def _where(trial) -> str:
+    """Where a trial was read: a reused worker, a fork-server child or a new process."""
+    return "reused worker" if not trial.fresh else ("fork-server child" if trial.forked else "new process")
 
 
 def local_model_spec(spec: str) -> str:
@@ -260,19 +281,21 @@ def main() -> int:
     parser.add_argument("--benchmarks-md", type=Path, help="put the section in this file (BENCHMARKS.md)")
     parser.add_argument("--explain-safe", action="store_true",
                         help="print why each scenario's slow_start safe_batch is what it is (no processes run)")
+    parser.add_argument("--trial-log", action="store_true",
+                        help="print every slow_start run's trials with their readings (no processes run)")
     parser.add_argument("--from-json", type=Path, action="append",
                         help="render a kept measurement instead of running one; more than once: their merge, "
                              "written to --out")
     args = parser.parse_args()
-    if args.explain_safe:
+    if args.explain_safe or args.trial_log:
         if args.results is None:
-            parser.error("--explain-safe needs a results file")
+            parser.error(f"{'--explain-safe' if args.explain_safe else '--trial-log'} needs a results file")
         try:
             results = read_results(args.results)
         except ValueError as exc:
             parser.error(str(exc))
         for scenario in results["sections"]["probe"]["scenarios"]:
-            print("\n".join(explain_safe(scenario)))
+            print("\n".join(explain_safe(scenario) if args.explain_safe else trial_log_lines(scenario)))
         return 0
     if args.from_json:
         kept = []
