@@ -1,4 +1,4 @@
-"""cli_errors.sigterm_raises: SIGTERM becomes an exception the commands' cleanup sees, only where its action is the default."""
+"""edgebatch.cli.errors.sigterm_raises: SIGTERM becomes an exception the commands' cleanup sees, only where its action is the default."""
 
 import os
 import signal
@@ -7,7 +7,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from edgebatch.cli_errors import Terminated, handle_errors, sigterm_raises
+from edgebatch.cli.errors import Terminated, handle_errors, sigterm_raises
 
 
 def deliver_sigterm():

@@ -19,7 +19,7 @@ from profile_factory import GIB, make_profile, make_trial
 
 from edgebatch.cli import main
 from edgebatch import files
-from edgebatch.fleet import cli_report
+from edgebatch.cli import fleet_report as cli_report
 from edgebatch.fleet.report import (
     DUPLICATE,
     OUTLIER,

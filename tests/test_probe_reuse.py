@@ -490,7 +490,7 @@ def test_a_profile_from_before_the_arena_limit_was_recorded_counts_as_unset():
 def test_the_profile_summary_says_which_malloc_arena_limit_its_ceilings_hold_for():
     from profile_factory import make_profile
 
-    from edgebatch.cli import format_profile
+    from edgebatch.cli.profile_text import format_profile
 
     recorded = format_profile(make_profile(search={"malloc_arena_max": 1}))
     assert "malloc arenas     1 (MALLOC_ARENA_MAX=1): the ceilings hold for training started with the same" in recorded

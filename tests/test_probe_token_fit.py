@@ -231,7 +231,7 @@ def test_a_predicted_length_is_judged_under_the_widest_spread_a_probed_length_sh
 def test_the_profile_summary_does_not_take_two_lengths_of_one_batch_for_a_spread():
     from profile_factory import make_profile
 
-    from edgebatch.cli import format_profile
+    from edgebatch.cli.profile_text import format_profile
 
     model = TokenMemoryModel(800 * MIB, 6_500.0, 95.0, 0.999, 8, (64, 512))
     trials = [_trial(8, 64, 817.8), _trial(8, 512, 1039.9), _trial(26, 512, 1481.0), _trial(26, 512, 1481.3)]

@@ -1,8 +1,8 @@
 """`edgebatch fleet ...`: profile a cluster's devices, compare the profiles, plan a mixed fleet.
 
-Each subcommand lives in its own module under edgebatch/fleet/ and is imported only when it runs,
-so `edgebatch --help` stays instant and a missing optional dependency (Ray, matplotlib) only
-matters to the subcommand that needs it.
+Each subcommand lives in its own module here (fleet_probe.py, fleet_report.py, fleet_plan.py) and
+is imported only when it runs, so `edgebatch --help` stays instant and a missing optional
+dependency (Ray, matplotlib) only matters to the subcommand that needs it.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import click
 
 # name -> (module, attribute, one-line help shown by `edgebatch fleet --help`)
 _COMMANDS = {
-    "probe": ("edgebatch.fleet.cli_probe", "probe", "Probe every device of a Ray cluster, one task per node."),
-    "report": ("edgebatch.fleet.cli_report", "report", "Merge profiles from many devices into one table and HTML page."),
-    "plan": ("edgebatch.fleet.cli_plan", "plan", "Split an effective batch across profiled devices for the shortest update."),
+    "probe": ("edgebatch.cli.fleet_probe", "probe", "Probe every device of a Ray cluster, one task per node."),
+    "report": ("edgebatch.cli.fleet_report", "report", "Merge profiles from many devices into one table and HTML page."),
+    "plan": ("edgebatch.cli.fleet_plan", "plan", "Split an effective batch across profiled devices for the shortest update."),
 }
 
 

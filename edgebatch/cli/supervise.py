@@ -1,6 +1,6 @@
 """`edgebatch supervise -- COMMAND...`: run training in a child and restart it when it is killed.
 
-Kept apart from cli.py so the probe commands and this one change independently; cli.py only
+Kept apart from root.py so the probe commands and this one change independently; root.py only
 registers it. Thin: parse, call `edgebatch.training.supervisor.supervise`, exit with its code.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from edgebatch.cli_errors import handle_errors
+from edgebatch.cli.errors import handle_errors
 from edgebatch.errors import EdgebatchError
 from edgebatch.files import write_atomically
 from edgebatch.training.supervisor import DEFAULT_MAX_RESTARTS

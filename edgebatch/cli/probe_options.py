@@ -68,7 +68,7 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
         click.option("--answer-readings", type=click.IntRange(min=1), default=_DEFAULTS.answer_readings,
                      show_default=True,
                      help="Fresh workers that measure the answer before slow_start gives it. Where one batch reads "
-                          "differently between processes (seen on AMD EPYC and Intel Xeon hosts), their spread lowers "
+                          "differently between processes (seen on some hosts), their spread lowers "
                           "the budget readings must fit and the search goes on below; 1 turns the repeats off. Twice "
                           "as many once readings of one batch differ by more than 1%, or fresh workers both run and "
                           "run out of memory near the edge (a band, seen under hard limits)."),

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from edgebatch.cli_errors import handle_errors
+from edgebatch.cli.errors import handle_errors
 from edgebatch.errors import ProfileError, UsageError
 from edgebatch.fleet.plan import FleetPlan, PlanDevice, device_from_profile, plan_fleet
 from edgebatch.profiles.location import is_url

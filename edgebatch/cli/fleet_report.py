@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from edgebatch.cli_errors import handle_errors
+from edgebatch.cli.errors import handle_errors
 from edgebatch.errors import EdgebatchError
 from edgebatch.files import write_atomically
 from edgebatch.fleet.report import (

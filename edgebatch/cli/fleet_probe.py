@@ -7,8 +7,8 @@ import json
 
 import click
 
-from edgebatch.cli_errors import handle_errors
-from edgebatch.cli_probe_options import search_options
+from edgebatch.cli.errors import handle_errors
+from edgebatch.cli.probe_options import search_options
 from edgebatch.fleet.cluster import DEFAULT_NODE_TIMEOUT_SECONDS, NODES_SUBDIR
 from edgebatch.probing.budget import MEMORY_BUDGET_ENV
 
