@@ -1,7 +1,7 @@
 """edgebatch.malloc_arenas (and profile_settings): the arena limit a profile was measured under, checked where training uses it.
 
 Pure: the setting is read from an environment mapping; what glibc does with it is measured in
-device_profiles/README.md, not here.
+docs/probe-evidence.md, not here.
 """
 
 import warnings

@@ -72,7 +72,7 @@ def test_a_forked_worker_measures_what_a_fresh_one_does(server):
             # A forked child holds a fixed amount more than a new process: on an AMD EPYC host
             # 828.5 against 804.5-804.6 MiB after setup and 829.8-830.2 against 806.4-806.6 MiB at
             # the trial, three pairs each (24 MiB, 2.9-3.0% of this small model's process; for the
-            # probe's models it is the 1.7-1.9% device_profiles/README.md reports). Never below
+            # probe's models it is the 1.7-1.9% docs/probe-evidence.md reports). Never below
             # a fresh process by more than 1% (the plain fork was 329 MiB, 32%, low), never more
             # than EXTRA_FORKED_MIB above it.
             assert got >= 0.99 * expected, (field, got >> 20, expected >> 20)

@@ -470,7 +470,7 @@ def test_small_cnn_worker_readings_bump_is_looked_past():
     assert len(runs(steps)) < len(runs(plain_steps))
 
 
-# small_cnn in fresh probe workers on the Intel Xeon machines (device_profiles/README.md, Bumps):
+# small_cnn in fresh probe workers on the Intel Xeon machines (docs/probe-evidence.md, Bumps):
 # a bump at 300 that goes with oneDNN's kernels, 194 MiB above 280 and 106 MiB above 320.
 SMALL_CNN_XEON_MIB = [(1, 700), (8, 722.6), (16, 744.6), (32, 787.9), (280, 1367.3), (300, 1561.3), (320, 1455.1),
                       (326, 1468.3), (330, 1518.2), (334, 1528.0), (338, 1537.5), (342, 1547.8), (4096, 12000)]
@@ -764,7 +764,7 @@ def test_a_childs_failure_the_line_already_puts_over_budget_is_not_read_again_as
 
 def test_the_replay_tool_finds_where_the_kept_unsafe_run_departs_from_the_search_now():
     """tools/replay_search.py on the targeted run that answered an unsafe 36: the search now stops at
-    33 where that run read 34 again (device_profiles/README.md quotes the tool's output)."""
+    33 where that run read 34 again (docs/probe-evidence.md quotes the tool's output)."""
     import json
     import sys
     from pathlib import Path
@@ -821,7 +821,7 @@ def test_the_kept_capped_mlp_run_would_read_its_answer_again_where_it_answered_a
     tools/bench/results/probe_mlp_capped_da4ce81.json) answered 22507 after three fresh fits; its
     workers had both run and run out of memory at 22819, 23132 and 24017. The truth's fresh process
     ran out at 22507, and by hand tests/support/fresh_step.py ran 22507 in 3 processes of 5
-    (device_profiles/README.md, "An out-of-memory band"). Its trials as outcomes (every trial after
+    (docs/probe-evidence.md, "An out-of-memory band"). Its trials as outcomes (every trial after
     the scout's first three fresh, as the search asked for them) now ask three more readings there."""
     import json
     from pathlib import Path
@@ -894,7 +894,7 @@ def test_fresh_readings_further_apart_than_the_noise_make_each_new_process_a_dra
 
     agree = [fresh(800, 1152.0), fresh(800, 1152.7)]
     assert not levels_seen(agree) and answer_readings_wanted(3, agree) == 3
-    # text_cnn at 800, Intel Xeon (device_profiles/README.md, "Peaks that differ between processes").
+    # text_cnn at 800, Intel Xeon (docs/probe-evidence.md, "Peaks that differ between processes").
     levels = [*agree, fresh(800, 1252.2)]
     assert levels_seen(levels) and answer_readings_wanted(3, levels) == 3 * BAND_READINGS_FACTOR
     # Just over the noise: a level none of the three readings drew can still be above the budget.

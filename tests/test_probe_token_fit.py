@@ -169,7 +169,7 @@ def test_the_forms_tool_refits_a_kept_run_as_the_probe_does():
     """tools/token_model_forms.py's first form is the probe's own fit (each batch and length at its
     lowest reading): on the kept b8a3557 run it predicts at 128 tokens what token_fit predicts from
     the same readings, one sample from the 308 the run's profile predicted with every reading
-    fitted (device_profiles/README.md quotes it)."""
+    fitted (docs/probe-evidence.md quotes it)."""
     import json
     import subprocess
     import sys

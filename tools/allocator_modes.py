@@ -1,6 +1,7 @@
 """Which resident peak does a traced training step get? New processes, one step reading at a time.
 
-device_profiles/README.md ("A traced step draws its peak once") says what this shows: with
+docs/probe-evidence.md ("Why: a step's peak is decided by the allocator's growth in its first
+step") says what this shows: with
 TensorFlow's default oneDNN build on CPU, large tensors come from a pooling allocator that keeps what
 it grew (the resident size after a step equals the step's peak), and how far it grows depends on the
 order the step's allocations happen in, which is fixed when the step is traced. So every step of one

@@ -1,4 +1,4 @@
-"""How TensorFlow's inter-op thread pool moves the resident peak of a training step (device_profiles/README.md, "Bumps").
+"""How TensorFlow's inter-op thread pool moves the resident peak of a training step (docs/probe-evidence.md, "Bumps").
 
 For each case (model, batch, tokens) and each inter-op setting, starts REPEATS new processes. Each
 builds the model with the probe's own `TrialRunner`, traces at batch 1, runs the probe's prewarm

@@ -1,4 +1,4 @@
-"""Is the resident peak monotone in batch? One fresh process per batch, on a grid (device_profiles/README.md, "Bumps").
+"""Is the resident peak monotone in batch? One fresh process per batch, on a grid (docs/probe-evidence.md, "Bumps").
 
 For each batch in the grid, starts a new process (tests/support/fresh_step.py, the probe tests' independent
 truth: its own step, loss and data) that trains STEPS steps and reports its resident peak (VmHWM). With

@@ -1,4 +1,4 @@
-"""What a reused probe worker reads against a fresh one (device_profiles/README.md, "Bumps").
+"""What a reused probe worker reads against a fresh one (docs/probe-evidence.md, "Bumps").
 
 Runs, in this one process, what a fresh probe worker started as a new process does (build the
 model, trace at batch 1, the prewarm steps of probing/api.py) and then a trial at each batch of BATCHES in turn, with the probe's own

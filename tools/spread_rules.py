@@ -2,7 +2,7 @@
 
 The search lowers the budget by the widest spread between fresh readings of one batch, read as a
 fraction of the whole peak: budget / (1 + spread) (`outcomes.effective_budget_bytes`). The levels
-seen so far are extra allocator regions sized by the step's tensors (device_profiles/README.md,
+seen so far are extra allocator regions sized by the step's tensors (docs/probe-evidence.md,
 "Why: a step's peak is decided by the allocator's growth in its first step"), so this prints what
 the rule would give if the jump were instead scaled by the step's memory above the worker's
 baseline (the model, its optimizer slots and TensorFlow, read before any trial):

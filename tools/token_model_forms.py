@@ -10,7 +10,7 @@ points (`token_fit.low_level_points`: each pair at its lowest reading, less the 
 
     python tools/token_model_forms.py tools/bench/results/seq_lens_trial_readings_b8a3557.json
 
-device_profiles/README.md ("Probing per sequence length") quotes its output.
+docs/probe-evidence.md ("Probing per sequence length") quotes its output.
 """
 
 from __future__ import annotations

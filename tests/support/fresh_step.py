@@ -24,12 +24,12 @@ UpdatePruningStep.on_train_begin does (TFMOT 0.8's wrapper adds 1 in each traini
 asserts the step is >= 1); no callback runs after that.
 --report-growth: also print how far the address space (VmPeak) and the resident size (VmHWM) grew
 from the process's size after tracing, where an address-space cap is set ("address_space_growth_bytes",
-"resident_growth_bytes"; device_profiles/README.md, "An out-of-memory band").
+"resident_growth_bytes"; docs/probe-evidence.md, "An out-of-memory band").
 --inter-op-threads: TensorFlow's inter-op threads (tf.config.threading), set before anything runs; the
 truth for a probe must run what the probe's workers ran (`edgebatch probe` uses 1 by default). Left out,
-TensorFlow keeps its own pool, whose peaks climb over many steps (device_profiles/README.md, "Bumps").
+TensorFlow keeps its own pool, whose peaks climb over many steps (docs/probe-evidence.md, "Bumps").
 --report-steps: also print the resident peak (VmHWM) after each step ("peak_bytes_by_step"), to see
-at which step a process's peak jumps (device_profiles/README.md, "Peaks that differ between processes").
+at which step a process's peak jumps (docs/probe-evidence.md, "Peaks that differ between processes").
 Without these options the step is the one this file always ran (Keras 3, float32, TensorFlow's pool).
 """
 

@@ -2,7 +2,7 @@
 
 The probe benchmark's truth (tools/bench/probe_truth.py) calls a batch safe when it fits in three
 new processes, six where their peaks differ. On hosts where each new process draws one of a few
-peak levels (device_profiles/README.md, "Peaks that differ between processes") that is a sample,
+peak levels (docs/probe-evidence.md, "Peaks that differ between processes") that is a sample,
 not a rate: a level drawn one time in three passes three processes 30% of the time. This tool
 reads a results file of `tools/bench/run.py --only probe`, and for each scenario runs N new
 processes (tests/support/fresh_step.py, the truth's own step, 10 steps each, one after another) at
@@ -124,7 +124,7 @@ def explain_safe(scenario: dict, method: str = "slow_start", shown: int = 3) -> 
 
 def trial_log_lines(scenario: dict, method: str = "slow_start") -> list[str]:
     """Every run of `method` in a scenario, trial by trial in the order they ran: batch, outcome,
-    the reading in MiB and where it was read (the figures device_profiles/README.md quotes from a
+    the reading in MiB and where it was read (the figures docs/probe-evidence.md quotes from a
     run's trials)."""
     lines = [f"{scenario['scenario']['name']}:"]
     for number, run in enumerate(scenario["runs"].get(method, []), 1):
@@ -256,7 +256,7 @@ def render(data: dict) -> str:
         "peaks differ) all fit; this counts how often one does not. A safe_batch row is the batch a profile of "
         "the run would give training, as summary.safe_batch_of at the commit named here reads its trials. "
         "How it is made: the docstring of "
-        "tools/bench/answer_failures.py; what it says: device_profiles/README.md, \"Counted: how often an "
+        "tools/bench/answer_failures.py; what it says: docs/probe-evidence.md, \"Counted: how often an "
         "answer goes over\".", "",
         "| scenario | budget | batch | answer of | over / processes | share over, 95% bound | peaks, MiB |",
         "|---|---|---|---|---|---|---|",

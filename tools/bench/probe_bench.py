@@ -15,7 +15,7 @@ cgroup room it reads), or, with `search_knows_cap=False`, only the machine's RAM
 knows where the limit is. The truth follows the physical rule: under a cap, whether a fresh process
 runs; under a budget, whether its peak fits. A batch fits the truth only when it fits in
 probe_truth.TRUTH_READINGS new processes one after another, twice as many where their peaks differ
-by more than the noise (peaks differ between processes on some hosts: device_profiles/README.md,
+by more than the noise (peaks differ between processes on some hosts: docs/probe-evidence.md,
 "Peaks that differ between processes"). Since a sample of three cannot say how often a batch
 goes over, slow_start's largest answer, its largest safe_batch (what the profile gives training:
 under the budget less the default 10% headroom) and the truth's ceiling are then run in

@@ -41,7 +41,7 @@ TRUTH_FLOOR_SECONDS = 300.0
 # Where a batch's own readings differ by more than the noise (SPREAD_NOISE_FRACTION), each process
 # is a draw between peak levels, and the batch is read BAND_READINGS_FACTOR times as often, as the
 # probe reads its answer then (outcomes.answer_readings_wanted): text_cnn at 800 read 1,252 MiB in
-# one new process of six, 1,152 MiB in the others (device_profiles/README.md).
+# one new process of six, 1,152 MiB in the others (docs/probe-evidence.md).
 TRUTH_READINGS = 3
 
 
@@ -144,7 +144,7 @@ def failure_share_upper(over: int, processes: int, confidence: float = SHARE_CON
     having seen `over` of `processes` fail: 0 of 10 still allows 25.9% at 95%, 0 of 20 13.9%.
 
     It treats the processes as independent draws. They run one after another, and peak levels can
-    come in runs (small_cnn at 326: three high draws of five in a row, device_profiles/README.md,
+    come in runs (small_cnn at 326: three high draws of five in a row, docs/probe-evidence.md,
     "The run at cb29ff0"), so the bound is a best case."""
     if not 0 <= over <= processes or processes < 1:
         raise ValueError(f"{over} failures of {processes} processes")

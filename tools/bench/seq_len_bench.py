@@ -60,7 +60,7 @@ TRUTH_SECONDS_PER_LENGTH = 600.0  # a fit is read in up to 3 processes
 
 
 # More new processes at the answer and at the truth's ceiling (at the budget), after the truth's
-# own ones: where processes read one batch at two levels (device_profiles/README.md, "Probing per
+# own ones: where processes read one batch at two levels (docs/probe-evidence.md, "Probing per
 # sequence length") a few processes a batch say little about the others.
 REPEAT_PROCESSES = 4
 UNCACHED_CHECK = probe_truth.fresh_check
