@@ -3,19 +3,9 @@
 No TensorFlow here. Each is a `next_step(config, outcomes) -> Run | Done` like search.py's, chosen by
 `SearchConfig.strategy` (search.next_step dispatches here; the records both use live in
 outcomes.py), so a benchmark compares methods on the same worker processes, budget and
-measurement, and only the decisions differ:
-
-- `shrink_x0.9` / `shrink_x0.5`: Accelerate's `find_executable_batch_size`, new and old. Start at
-  `config.start_batch` (Accelerate's default is 128: the benchmark passes it), and on every failure
-  multiply by the factor (`int(batch * factor)`, then down to the multiple); never grow. The first
-  batch that fits is the answer; reaching zero is "nothing fits" (Accelerate raises there).
-- `one_shot_estimate`: DeepSpeed autotuning's memory model, reduced to what a CPU process can see.
-  Run one trial at the smallest batch (1, or `multiple`); per-sample memory = (its peak - the
-  worker's `config.baseline_bytes`) / batch; estimate = (budget - baseline) / per-sample. Then try
-  0.95, 1.0 and 1.05 x the estimate, smallest first, and keep the largest that fits (DeepSpeed runs
-  each as its own experiment; stopping at the first failure assumes, as bisection does, that a
-  larger batch would fail too, and saves a trial). When none fits, the answer is the largest batch
-  that did (the calibration trial), which the benchmark reports as a miss, not hidden.
+measurement, and only the decisions differ: `shrink_x0.9` / `shrink_x0.5` (Accelerate's
+`find_executable_batch_size`, new and old: _shrink_step) and `one_shot_estimate` (DeepSpeed
+autotuning's memory model, reduced to what a CPU process can see: _estimate_step).
 
 A batch that failed (OOM, worker killed, or measured over budget) is never the answer. Every decision
 depends only on which batches ran and whether they fitted, so outcomes may come in any order.
@@ -88,6 +78,10 @@ def estimate_candidates(config: SearchConfig, calibration: Outcome) -> list[int]
 
 
 def _shrink_step(config: SearchConfig, outcomes: Sequence[Outcome], factor: float) -> Run | Done:
+    """Accelerate's shrink-on-failure: start at `config.start_batch` (Accelerate's default is 128:
+    the benchmark passes it), and on every failure multiply by `factor` (`int(batch * factor)`, then
+    down to the multiple); never grow. The first batch that fits is the answer; reaching zero is
+    "nothing fits" (Accelerate raises there)."""
     tried = _results(config, outcomes)
     for batch in shrink_sequence(first_batch(config), factor, config.multiple):
         if batch not in tried:
@@ -98,6 +92,12 @@ def _shrink_step(config: SearchConfig, outcomes: Sequence[Outcome], factor: floa
 
 
 def _estimate_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Run | Done:
+    """DeepSpeed's one-shot estimate: one trial at the smallest batch (1, or `multiple`); per-sample
+    memory = (its peak - `config.baseline_bytes`) / batch; estimate = (budget - baseline) /
+    per-sample. Then 0.95, 1.0 and 1.05 x the estimate, smallest first, keeping the largest that
+    fits (DeepSpeed runs each as its own experiment; stopping at the first failure assumes, as
+    bisection does, that a larger batch would fail too, and saves a trial). When none fits, the
+    answer is the calibration trial's batch, which the benchmark reports as a miss, not hidden."""
     calibration_batch = config.multiple
     tried = _results(config, outcomes)
     if calibration_batch not in tried:

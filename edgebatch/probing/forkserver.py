@@ -4,20 +4,11 @@ A fresh worker pays a TensorFlow import before it builds the model (8-20 s on tw
 search starts several. The server imports TensorFlow and Keras, runs nothing, and forks a child per
 worker, which then runs `worker.worker_main()` exactly as `python -m edgebatch.probing.worker` would.
 
-What a child measures must match a fresh process. fork() does not copy the page-table entries of
-file-backed mappings (the kernel faults them in lazily), so a plain forked child's resident set
-leaves out most of TensorFlow's libraries until it touches them again: small_cnn at 128 peaked at
-690 MiB in forked children against 1019 MiB in fresh processes. The server therefore records
-which file-backed pages it has resident (/proc/self/pagemap, bit 63) and each child reads one byte
-of each before it starts, so it maps what a fresh process maps after the same import. Measured
-with `python tools/forkserver_check.py` (device_profiles/README.md, "Fresh workers from a fork
-server"); where pagemap cannot be read the server refuses to start and the probe spawns workers
-the usual way.
-
-Lifetimes: the server dies with the probe (PR_SET_PDEATHSIG), each child with the server. The
-probe never waits on a child itself (it is the server's child), so the server reports exit
-statuses on request. CPU probes only: a child forked from a process that touched CUDA cannot use
-it, and a GPU probe's fresh worker is not dominated by the import anyway.
+What a child measures must match a fresh process, so each child first touches the file-backed
+pages the server has resident (resident_file_pages); where /proc/self/pagemap cannot be read the
+server refuses to start and the probe spawns workers the usual way. CPU probes only: a child forked
+from a process that touched CUDA cannot use it, and a GPU probe's fresh worker is not dominated by
+the import anyway. Lifetimes: see ForkServer.
 """
 
 from __future__ import annotations
@@ -55,7 +46,12 @@ def fork_server_wanted(device: str) -> bool:
 
 class ForkServer:
     """Probe-side handle of the server process. It starts in the background; `spawn(env, stderr_fd)`
-    waits until it is ready and returns a Popen-like ForkedProcess (ForkServerError if it cannot)."""
+    waits until it is ready and returns a Popen-like ForkedProcess (ForkServerError if it cannot).
+
+    Lifetimes: the server dies with the probe (PR_SET_PDEATHSIG), each child with the server. The
+    probe never waits on a child itself (it is the server's child), so the server reports exit
+    statuses on request (`status`).
+    """
 
     def __init__(self, env: dict[str, str], startup_deadline_seconds: float = 300.0) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -200,7 +196,16 @@ class ForkedProcess:
 
 
 def resident_file_pages() -> array.array:
-    """Addresses of this process's readable file-backed pages present in its page tables."""
+    """Addresses of this process's readable file-backed pages present in its page tables.
+
+    fork() does not copy the page-table entries of file-backed mappings (the kernel faults them in
+    lazily), so a plain forked child's resident set leaves out most of TensorFlow's libraries until
+    it touches them again: small_cnn at 128 peaked at 690 MiB in forked children against 1019 MiB
+    in fresh processes. So the server records these pages (/proc/self/pagemap, bit 63) and each
+    child reads one byte of each before it starts (touch_pages), mapping what a fresh process maps
+    after the same import (`python tools/forkserver_check.py`; docs/probe-evidence.md, "Fresh
+    workers from a fork server").
+    """
     page = os.sysconf("SC_PAGE_SIZE")
     addresses = array.array("Q")
     with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:

@@ -28,10 +28,8 @@ LOCAL_FIT_MIN_SPREAD = 0.25
 MIN_FIT_POINTS = 3
 MIN_FIT_R2 = 0.98
 # Peaks of the same batch differ between processes by this much, more between runs at different
-# times than back to back (small_cnn at 337 here: four fresh processes back to back read
-# 1,595.6-1,595.9 MB, the one the issue reports 1,617.6 MB; probe workers 1,608.1-1,608.7 MB back
-# to back, at most 1,594.5 MB in the probe that answered 337). A reading closer to the line than
-# this is not told apart from it.
+# times than back to back (small_cnn at 337: up to 1.45% with the inter-op pool;
+# docs/probe-evidence.md, "Bumps"). A reading closer to the line than this is not told apart from it.
 PEAK_SPREAD_FRACTION = 0.02
 
 # (batch, peak_bytes, fresh): fresh when the trial was the first trial batch of its worker.
@@ -145,8 +143,7 @@ def turn_to_fresh(model: MemoryModel, fresh: Sequence[tuple[int, float]]) -> Mem
         return turned  # close batches: their slope is the fine-scale noise, not the line
     local = fit_memory_model(fresh)
     # The local line is held to the one trust rule too: fresh readings that take peak levels fit a
-    # crooked line (small_cnn in the suite, AMD EPYC, 2026-12-07: r2 0.967 over six fresh
-    # readings), which the profile then recorded as its model.
+    # crooked line, which the profile then recorded (docs/probe-rules.md, "memory_fit.turn_to_fresh").
     if not trusted(local) or not turned.per_sample_bytes / 2 <= local.per_sample_bytes < turned.per_sample_bytes:
         return turned
     if local.predict_bytes(max(batches)) > turned.predict_bytes(max(batches)):

@@ -38,45 +38,29 @@ DEFAULT_STRATEGY = "slow_start"
 # The search stops when the last fit and the first failure lie within this share of the last fit
 # (or one `multiple`): the answer is then at most about this far under the edge it brackets.
 DEFAULT_TOLERANCE = 0.02
-# slow_start: an answer keeps this far below a bump that bounds it (a failure that reads above the
-# line by more than the noise, and that nothing above contradicted), when where the bump begins
-# moves from one process to the next, as it does with TensorFlow's inter-op pool. small_cnn on an
-# AVX-512 Xeon: probe workers read 1,429 MiB at 282 and 1,572 MiB at 283, and fresh_step.py read
-# 1,416 MiB at 282 in 4 processes of 5 and 1,556 MiB in the fifth, over a 1536 MiB budget
-# (device_profiles/README.md, "Bumps"). 3% is 8 samples there. With one inter-op thread the edge
-# stays put (margins.bump_edge_fraction).
+# slow_start: an answer keeps this far below a bump that bounds it, because with TensorFlow's
+# inter-op pool the batch where a bump begins moves between processes; 3% is 8 samples of
+# small_cnn's (docs/probe-evidence.md, "Bumps"). With one inter-op thread the edge stays put
+# (margins.bump_edge_fraction).
 BUMP_EDGE_FRACTION = 0.03
-# slow_start: fresh readings of the answer before it is given (search._repeat_answer). On an AMD
-# EPYC host one batch reads one of two or more values at random between fresh processes, even with
-# one inter-op and one intra-op thread: mobilenet_v2 at 30 read 1,364-1,512 MiB in 13 processes,
-# its resident size jumping by 100-120 MiB at a random step and never coming back
-# (device_profiles/README.md, "Peaks that differ between processes"). Repeats of the answer show
-# that spread; three readings miss a high value that a share p of processes reach with
-# probability (1 - p)^3 (13% at p = 0.5, 42% at p = 0.25): they lower the risk, they do not
-# remove it.
+# slow_start: fresh readings of the answer before it is given (search._repeat_answer). Some hosts
+# draw one of two or more peak levels per process; three readings miss a level a share p of
+# processes reach with probability (1 - p)^3, so they lower the risk, not remove it
+# (docs/probe-evidence.md, "Peaks that differ between processes").
 ANSWER_READINGS = 3
-# Two fresh readings of one batch further apart than this (max / min - 1) mean the host's peaks
-# are random between processes (the probe says so). On an Intel Xeon host fresh processes read
-# one batch within 0.05% with one inter-op thread (margins.MEASUREMENT_MARGIN_ONE_THREAD). Any spread
-# lowers the budget readings are judged by (effective_budget_bytes).
+# Two fresh readings of one batch further apart than this (max / min - 1) mean the host's peaks are
+# random between processes; with one inter-op thread steady hosts read within 0.05%
+# (docs/probe-evidence.md, "Peaks that differ between processes"). Any spread lowers the budget
+# readings are judged by (effective_budget_bytes).
 SPREAD_NOISE_FRACTION = 0.01
 # A fresh worker's out-of-memory failure is a transient only when a batch this many times larger
-# fitted in a fresh worker (see contradicted): a worker killed once at 16 while 334 fitted fresh.
+# fitted in a fresh worker (see contradicted; docs/probe-rules.md, "OOM_TRANSIENT_RATIO").
 OOM_TRANSIENT_RATIO = 2
-# slow_start: where the edge is a band (oom_band_seen: fresh processes both ran and ran out of
-# memory at one batch, or ran above a batch where one ran out), the answer needs this many times
-# answer_readings fresh readings (6 by default). mlp under a 256 MiB address-space cap, Intel Xeon,
-# two malloc arenas, tests/support/fresh_step.py at 10 steps: 20000 and 21000 ran in 5 of 5
-# processes, 22000 in 1 of 5, 22507 in 3 of 5, 23000 in 4 of 5, 24000 in 1 of 5
-# (device_profiles/README.md, "An out-of-memory band"). Each reading there is a draw: n fits in a
-# row pass a batch that fails in a share p of processes with probability (1 - p)^n, 22% at p = 0.4
-# for 3 readings and 5% for 6. A failed reading counts (contradicted) and the search goes on below.
-# Where fresh readings of one batch differ by more than the noise (levels_seen) each reading is a
-# draw too, between peak levels rather than between "runs" and "runs out": text_cnn at 800 (Intel
-# Xeon, 2026-12-05) read 1,152 MiB in 5 new processes of 6 and 1,252 MiB in the sixth; mobilenet_v2
-# under 1.5 GiB answered 36 after three readings of 1,473.6-1,517.8 MiB, and the benchmark truth's
-# next process read 36 at 1,553.8 MiB, over the budget (BENCHMARKS.md at 7da295f). So the answer
-# needs the same factor there.
+# slow_start: where each new process is a draw (an out-of-memory band, oom_band_seen, or peak
+# levels, levels_seen) the answer needs this many times answer_readings fresh readings: n fits in
+# a row pass a batch failing in a share p of processes with probability (1 - p)^n, 22% at p = 0.4
+# for 3 and 5% for 6 (docs/probe-evidence.md, "An out-of-memory band" and "Peaks that differ
+# between processes").
 BAND_READINGS_FACTOR = 2
 
 
@@ -210,20 +194,16 @@ def contradicted(failure: Outcome, outcomes: Sequence[Outcome], budget_bytes: in
 
     A fresh worker that ran out of memory (no reading) is contradicted only by a fresh fit at
     OOM_TRANSIENT_RATIO times its batch or more: near the edge another process fitting the same or
-    a slightly larger batch does not make it safe. Under a 256 MiB address-space cap mlp's fresh
-    workers ran out of memory at 22932 four times and fitted it once, and at 25168 failed seven
-    times of ten while 25488 had fitted. Over-budget readings of one batch that differ are handled
-    by their spread (effective_budget_bytes) instead. `band_floor_batch`: band_floor(outcomes, budget_bytes),
+    a slightly larger batch does not make it safe (docs/probe-rules.md, "OOM_TRANSIENT_RATIO").
+    Over-budget readings of one batch that differ are handled by their spread
+    (effective_budget_bytes) instead. `band_floor_batch`: band_floor(outcomes, budget_bytes),
     which counted_failures asks once for all its failures.
     """
     if failure.fresh and failure.measured and not failure.ran:
         return _transient(failure, outcomes, budget_bytes)
     # A fit at or above a fresh out-of-memory failure that stands is a draw in a band, not evidence
-    # that smaller batches fit: mlp under a 256 MiB cap (BENCHMARKS.md at a9fb42f) fitted 21504 in one
-    # new process at 1,010 MiB, within the lowered budget, and ran out of memory at it in another.
-    # Counted as a contradiction it cleared every over-budget reading below it while the OOM bounded
-    # the edge, so checked binsearch's midpoint, 18944, read over the budget and counted neither way,
-    # and the search asked for it again: 40 readings there, 100 at 20224, 162 trials in all.
+    # that smaller batches fit: counted as one, it let checked binsearch loop for 162 trials on mlp
+    # (docs/probe-evidence.md, "What a probe costs, and why").
     return any(o.fresh and o.measured and o.batch >= failure.batch and o.fits(budget_bytes)
                and (band_floor_batch is None or o.batch < band_floor_batch) for o in outcomes)
 
@@ -271,12 +251,10 @@ def steady_lift_bytes(children: Mapping[Hashable, float], new_processes: Mapping
 
     Both map what was read (a batch, or a batch and a length) to its lowest fresh reading. The lift
     is the median difference over what both read, when more than half of those differences, and
-    MIN_LIFT_PAIRS or more, lie within SPREAD_NOISE_FRACTION of the new processes' peaks of it. On
-    an AMD EPYC host children read 13.2-13.7 MiB above new processes at every such batch of
-    small_cnn in two probes, and 33.6-34.0 MiB at three of four in a third (the fourth:
-    child_level_excess); transformer_tiny, 25-32 MiB in two probes and 5.5-6.9 MiB in three later
-    that day (per_length.child_lift_bytes). The amount is the host's at the time, so it is measured
-    in each probe, never carried over.
+    MIN_LIFT_PAIRS or more, lie within SPREAD_NOISE_FRACTION of the new processes' peaks of it.
+    The amount changed between probes on one host, so it is measured in each probe, never carried
+    over (docs/probe-evidence.md, "A child's level above the steady lift" and "A steady lift in
+    fork-server children").
     """
     shared = sorted(children.keys() & new_processes.keys(), key=str)
     if len(shared) < MIN_LIFT_PAIRS:
@@ -311,13 +289,10 @@ def child_level_excess(outcomes: Sequence[Outcome]) -> tuple[int, float, float] 
     its new process beyond the steady lift (steady_lift_bytes), when that is more than
     SPREAD_NOISE_FRACTION of the new process's peak; None otherwise, or without a steady lift.
 
-    Such a child drew a higher level, and new processes can too: small_cnn under 1.5 GiB on an AMD
-    EPYC host (tests/test_probe_real.py in the suite, 2026-12-06) read 338, 332 and 326 33.6-34.0
-    MiB higher in children than in new processes, and 314 152.1 MiB higher (1,554.7 against
-    1,402.6 MiB: 118.3 MiB above the lift). The probe read its answer, 326, in three processes at
-    1,424.6-1,458.6 MiB; the test's fresh process then read it at 1,547.4 MiB, over the budget. A
-    reading above every new process is still not spread (peak_spread_fraction): it marks levels,
-    and the answer's readings double; it does not lower the budget.
+    Such a child drew a higher level, and new processes can too: after one, a test's fresh process
+    read small_cnn's answer over the budget (docs/probe-evidence.md, "A child's level above the
+    steady lift"). A reading above every new process is still not spread (peak_spread_fraction):
+    it marks levels, and the answer's readings double; it does not lower the budget.
     """
     children, new_processes = lowest_fresh_readings(outcomes)
     lift = steady_lift_bytes(children, new_processes)
@@ -351,12 +326,10 @@ def peak_spread_fraction(outcomes: Sequence[Outcome]) -> float:
     `low` is the batch's lowest fresh reading; `high` its highest in a new process (`forked` not
     True), or its highest at all when every reading came from fork-server children. What a child
     reads above every new process is not spread: training runs in a new process, and the child's
-    reading was only ever judged on the safe side of it. text_cnn under 1.25 GiB (Intel Xeon,
-    BENCHMARKS.md at db55e1c): a child read 800 at 1,267.1 MiB and two new processes 1,262.4 and
-    1,262.3; taken as a 0.38% spread it lowered the budget 4.9 MiB and failed 816, read at 1,275.4
-    MiB in a child, by 0.2 MiB, where fresh processes fit 848. A child reading below the new
-    processes (mobilenet_v2: 1,519.3 against 1,520.7-1,521.2 MiB on an AMD EPYC host) still widens
-    the spread.
+    reading was only ever judged on the safe side of it: taken as spread, a child's high reading
+    of text_cnn lowered the budget and failed a batch fresh processes fit (docs/probe-evidence.md,
+    "Peaks that differ between processes"). A child reading below the new processes still widens
+    the spread (docs/probe-rules.md, "effective_budget_bytes").
     """
     return max((high / low - 1 for high, low in repeated_fresh_readings(outcomes).values()), default=0.0)
 
@@ -384,8 +357,8 @@ def effective_budget_bytes(outcomes: Sequence[Outcome], budget_bytes: float) -> 
 
     A batch whose lowest reading fits the lowered budget then fits the real one at its highest
     reading seen, and so does a larger batch whose one reading fits it, as far as the spread seen
-    is the spread there is. Even a spread within the noise lowers it: mobilenet_v2 read 30 at
-    1,519.3, 1,520.7 and 1,521.2 MiB against a 1,520.6 MiB limit, and the answer must fit at all three.
+    is the spread there is. Even a spread within the noise lowers it: the answer must fit at every
+    reading (docs/probe-rules.md, "effective_budget_bytes").
     """
     return lowered_by_spread(budget_bytes, peak_spread_fraction(outcomes))
 

@@ -110,24 +110,17 @@ def child_lift_bytes(trials: Sequence[Trial]) -> float:
     """How far fork-server children read above new processes, where that is one steady amount
     (outcomes.steady_lift_bytes over the (batch, length) pairs read fresh both ways); else 0.0.
 
-    transformer_tiny under 1 GiB on an AMD EPYC host (tests/test_probe_per_length_real.py, two
-    runs): the scout was a new process at 32 tokens and a child at 128, and children read
-    31.0-31.7 MiB above new processes at all six pairs of one run, 25.6-28.4 MiB at five of six in
-    the other (the sixth new process drew a high level). Fitted over both levels, the token model
-    read r2 0.928 and 0.955, under token_fit.MIN_FIT_R2, and no model was recorded; with the
-    children's readings moved down by the lift it read r2 0.996 and 0.998
-    (tests/test_probe_per_length.py replays both). Differences with no agreeing majority (a child
-    or a new process drawing one of two levels at random, as transformer_tiny's on an Intel Xeon
-    host: token_fit.fit_token_model) are no steady amount, and the low-level fit handles them.
+    Fitted over both levels, children's and new processes', the token model read too crooked to
+    trust; with the children's readings moved down by the lift it fits (tests/test_probe_per_length.py
+    replays two such runs). Differences with no agreeing majority (a child or a new process drawing
+    one of two levels at random: token_fit.fit_token_model) are no steady amount, and the low-level
+    fit handles them.
 
-    Where fewer than MIN_LIFT_PAIRS batches were read both ways, the lift is the children's offset
-    in one fit over every reading of known kind (token_fit.children_offset_bytes), when that fit is
-    trusted and the offset positive. Since fac9320 the search reads a batch the line puts just over
-    the budget in a new process at once, not first in a child, so such pairs are fewer. The two runs
-    above, each batch read both ways left with its new process's reading alone (as the search now
-    reads them), give 29.3 and 22.1 MiB that way against the 31.3 and 26.5 MiB their pairs measured,
-    and the token model then fits at r2 0.9965 and 0.998, where without a lift it read 0.928 and
-    0.955 (tests/test_probe_per_length.py).
+    Where fewer than MIN_LIFT_PAIRS batches were read both ways (the search reads a batch the line
+    puts just over the budget in a new process at once, so such pairs are few), the lift is the
+    children's offset in one fit over every reading of known kind (token_fit.children_offset_bytes),
+    when that fit is trusted and the offset positive (docs/probe-evidence.md, "A steady lift in
+    fork-server children").
     """
     children, new_processes = lowest_by_worker_kind(
         ((t.batch, t.seq_len), t.peak_bytes, t.forked) for t in trials

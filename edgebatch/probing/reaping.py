@@ -2,18 +2,11 @@
 
 `Popen.poll()` takes a private lock (`_waitpid_lock`) with `acquire(False)` and only then enters
 the `try` whose `finally` releases it. A KeyboardInterrupt, or the Terminated that SIGTERM raises
-under `edgebatch` (cli_errors.sigterm_raises), can land between those two bytecodes: Python runs a
-signal handler between any two of them. The lock then stays held for good. From then on `poll()`
-answers None ("something else is waiting on it") for a process that may have exited, and
-`wait()` without a timeout blocks on the lock for ever, in a program with no other thread to
-release it.
-
-A probe meets that window more often than chance would have it. It polls its worker right after
-printing a trial's line (Worker.can_run), and a user, or a test, sends Ctrl-C or SIGTERM when it
-sees a line. tests/test_probe_models.py's Ctrl-C/SIGTERM test, which signals on the first trial's
-line, hung in 2 of 19 runs of that module on an AMD EPYC host (2026-12-06), and once in six suite
-runs before. The second hang's faulthandler dump showed the stopping probe in Worker.close, at
-`with self._waitpid_lock` inside `Popen.wait()`, after its SIGKILL to the scout.
+under `edgebatch` (cli_errors.sigterm_raises), can land between those two bytecodes, and the lock
+then stays held for good: `poll()` answers None for a process that may have exited, and `wait()`
+without a timeout blocks for ever. A probe meets that window more often than chance would have it:
+it polls its worker right after printing a trial's line, when a user or a test sends Ctrl-C
+(docs/probe-rules.md, "reaping.kill_and_reap").
 
 `kill_and_reap` does what `kill(); wait()` do, with os.kill and os.waitpid, and never touches the
 lock.

@@ -1,55 +1,17 @@
 """The batch-size search as a pure strategy: outcomes in, the next step out.
 
-No TensorFlow here. `next_step(config, outcomes)` looks at every trial so far and returns one of
+No TensorFlow here. `next_step(config, outcomes)` looks at every trial so far and returns
+`Run(batch, fresh)` (run a trial; `fresh`: in a worker that has run no other trial batch),
+`Skip(batch, predicted_peak_bytes)` (the memory model puts it over budget: recorded as a failure
+unrun, since on CPU a real OOM hurts other processes too) or `Done(max_batch)` (None when not even
+the smallest batch fits). The state is just the outcome list, so a search can be replayed, tested
+with tables of numbers and resumed from a saved profile.
 
-- `Run(batch, fresh)`: run a trial at this batch (`fresh`: in a new worker process that has run
-  no other trial batch);
-- `Skip(batch, predicted_peak_bytes)`: the memory model predicts this batch is over budget, so it is
-  recorded as a failure without running it (on CPU a real host OOM hurts other processes too);
-- `Done(max_batch)`: the search has converged (`max_batch` is None when not even the smallest
-  batch fits).
-
-Because the state is just the outcome list, the search can be replayed, tested with tables of
-numbers and resumed from a saved profile.
-
-Strategies:
-- `slow_start` (the default): TCP-style slow start. Start small, double while trials fit; once the
-  memory model (fixed + per_sample x batch, fitted on the measured trials) is good, jump straight
-  to just under its predicted ceiling instead of doubling blindly, and never propose a batch the
-  model predicts over budget. At the first failure bisect between the last fit and the first
-  failure, guided by the model's ceiling when it falls inside the interval, else at its midpoint,
-  the geometric one across an interval wider than a doubling (_midpoint: a failure the line does
-  not explain is a limit it cannot see). Which fits and
-  failures count is outcomes.edge_of's rule, the same one the profile is summarised by: a failure
-  that a fresh worker contradicts (the batch, or a larger one, fitted fresh) is recorded but does
-  not bound the search.
-  The endgame is measured fresh: a worker that ran earlier trials reads 5-6% high (memory it kept
-  from them is only partly reused: dense_wide at 300 read 1410 MiB after trials at 8..276 and
-  1327 MiB in a new process, where an independent fresh step read 1334 MiB). So once the model is
-  trusted every trial runs in a fresh worker, the model's line is moved down to the fresh
-  readings (memory_fit.turn_to_fresh), and the search does not stop on a failure a
-  reused worker measured or the model predicted: it runs that batch fresh first.
-  Peaks are not monotone in batch at fine scale (small_cnn in fresh processes: 300 read 1548 MiB,
-  310 read 1421 MiB). A fresh failure that sits above the trusted line by more than the noise
-  (memory_fit.bump_excess_bytes) while the line puts it within the budget is a bump, not the
-  ceiling: a bump only fork-server children read is read again in a new process first
-  (_reread_childs_failure, which does the same for a child's failure within CHILD_LIFT_FRACTION
-  over the budget; a predicted failure the line puts that close over it is confirmed in a new
-  process at once, _fresh_endgame), then up to two fresh trials higher up look past it
-  (_confirm_above_bump).
-  If one fits, the bump is contradicted and the search goes on above it; if they fail too, the
-  bump stands as the ceiling, and the answer keeps config.bump_edge_fraction below it
-  (_clear_of_bump): with TensorFlow's inter-op pool, where a bump begins differs between processes.
-- `binsearch`: plain doubling, then midpoint bisection (Lightning's binsearch). The baseline the
-  slow start is measured against.
-- `binsearch_checked`: binsearch held to slow_start's rule for the answer, a baseline that prices
-  that rule apart from the search. The same doubling and midpoint bisection, with fits and failures
-  counted by outcomes.edge_of under the budget lowered by the spread of repeated readings (as
-  slow_start's are); where binsearch would stop, its answer is read config.answer_readings times in
-  fresh workers (outcomes.answer_readings_wanted: times BAND_READINGS_FACTOR in an out-of-memory
-  band or where fresh readings of one batch differ by more than the noise), and a reading that fails
-  makes it a failure and the bisection goes on below it (_repeat_answer).
-- `power`: plain doubling until the first failure; answer the last fit (Lightning's power).
+Strategies: `slow_start` (the default: double, jump under the memory model's ceiling once it is
+trusted, bisect, and read the endgame in fresh workers; which fits and failures count is
+outcomes.edge_of's rule), `binsearch` and `power` (Lightning's), and `binsearch_checked`
+(binsearch held to slow_start's rule for its answer). How slow_start treats bumps, children's
+readings and its answer: docs/probe-rules.md, "search.next_step: the strategies".
 """
 
 from __future__ import annotations
@@ -82,19 +44,15 @@ from edgebatch.profiles.model import MemoryModel
 BUMP_CONFIRMATIONS = 2
 # How far an answer keeps below a bump that bounds it: SearchConfig.bump_edge_fraction, whose
 # default (BUMP_EDGE_FRACTION, 3%) and reasons live in outcomes.py.
-# The widest bump measured, as a share of its batch: small_cnn under 1.5 GiB read high from 292
-# to 308 and low again at 320 in the probe's workers, high at 290-300 and low at 280 and 310 in
-# fresh processes (device_profiles/README.md).
+# The widest bump measured, as a share of its batch: small_cnn's, high from 292 to 308 and low
+# again at 320 (docs/probe-evidence.md, "Bumps").
 BUMP_WIDTH_FRACTION = 0.10
-# How far over the search's budget (SearchConfig.budget_bytes: the device budget less the
-# measurement margin) a fork-server child's reading may sit and still be read again in a new
-# process before it bounds the answer (_reread_childs_failure), as a share of it. Near the
-# edge children read above new processes: mobilenet_v2 under 1.5 GiB (Intel Xeon, targeted run at
-# 2e04e3d) read 30-34 at 1,521-1,527 MiB in children and at most 1,505-1,510 MiB at 30-35 in new
-# processes, 0.7-1.4% lower; earlier runs measured 0.9-1.6%. So a child within 1% over the budget
-# stands for a new process at most 0.3% over it, inside the 1% measurement margin it already
-# keeps below the device budget (margins.MEASUREMENT_MARGIN_ONE_THREAD). A reading further out is a failure in a new process
-# too, and reading it again would only cost a TensorFlow import.
+# How far over the search's budget (the device budget less the measurement margin) a fork-server
+# child's reading may sit and still be read again in a new process before it bounds the answer
+# (_reread_childs_failure), as a share of it. Near the edge children read 0.7-1.6% above new
+# processes, so a child within 1% over stands for a new process at most 0.3% over, inside the 1%
+# margin (margins.MEASUREMENT_MARGIN_ONE_THREAD); further out, a re-read would only cost an import
+# (docs/probe-evidence.md, "Why: a step's peak is decided by the allocator's growth in its first step").
 CHILD_LIFT_FRACTION = 0.01
 
 __all__ = [
@@ -213,7 +171,7 @@ def _start_at_prior(config: SearchConfig, prior: MemoryModel, cap: int) -> Run:
 def _confirm_above_bump(
     config: SearchConfig, outcomes: Sequence[Outcome], hi: int, cap: int, model: MemoryModel
 ) -> Run | None:
-    """A fresh trial above the failure `hi` when `hi` is a bump (see the module docstring), else None.
+    """A fresh trial above the failure `hi` when `hi` is a bump (defined below), else None.
 
     `hi` is a bump when a fresh worker measured it over budget, the line puts it within the budget,
     and its reading sits above the line by more than the noise (memory_fit.bump_excess_bytes).
@@ -259,12 +217,9 @@ def _reread_childs_failure(config: SearchConfig, outcomes: Sequence[Outcome], hi
     (within CHILD_LIFT_FRACTION over the budget); else None.
 
     Children and new processes can meet the edge at different batches, and training runs in a new
-    process. Bumps (where the line puts `hi` within the budget): small_cnn under 1.5 GiB on an Intel
-    Xeon host (tests/test_probe_real.py, 2026-12-05): children read 299-303 at 1.56-1.57 GiB, with a
-    prewarm or without, where new processes fit every batch up to 327, and the probe answered
-    294-297 in 3 runs of 4. Near misses: mobilenet_v2 under 1.5 GiB (targeted benchmark at 2e04e3d,
-    tools/bench/results/probe_mobilenet_v2_targeted_2e04e3d.json): children failed 33 and 34 by
-    0.4-1.3 MiB where new processes fit every batch up to 35, and the probe answered 32. So such a
+    process: children's bumps held small_cnn's answer under batches new processes fit, and their
+    near misses mobilenet_v2's (docs/probe-evidence.md, "Bumps" and "Why: a step's peak is decided
+    by the allocator's growth in its first step"). So such a
     failure is read in a new process before it bounds the answer (the api runs a fresh trial of a
     batch that already has a fresh reading in a new process). If that fits, the child's failure is
     contradicted (outcomes.edge_of) and the search goes on above it; if not, it bounds the answer
@@ -288,10 +243,9 @@ def _is_bump(config: SearchConfig, outcomes: Sequence[Outcome], model: MemoryMod
     (memory_fit.bump_excess_bytes) where the line puts `batch` within the budget.
 
     Over a line that puts the batch over budget a failure is the line's ceiling, whatever it reads.
-    Not checking that let a re-read climb past the truth: mobilenet_v2
-    (tools/bench/results/probe_mobilenet_v2_targeted_e3f0f9d.json), a child read 34 at 1,563.1 MiB
-    over a line at 1,533.6; a new process drew a low 1,455.9, the failure stopped counting, and the
-    probe answered 36, which a fresh process read at 1,564.9 MiB.
+    Not checking that let a re-read climb past the truth: a new process drew a low reading of
+    mobilenet_v2's 34, and the probe answered 36, which a fresh process failed
+    (docs/probe-evidence.md, "Why: a step's peak is decided by the allocator's growth in its first step").
     """
     return (model.predict_bytes(batch) <= config.budget_bytes
             and bump_excess_bytes(model, readings_of(outcomes), batch, peak_bytes) > 0)
@@ -305,9 +259,7 @@ def _fresh_endgame(config: SearchConfig, step: Step, outcomes: Sequence[Outcome]
     over the budget: a fork-server child's reading there is over the budget or a near miss, and a
     near miss is read again in a new process anyway (_reread_childs_failure), so the child's trial
     is spent for nothing. Where children read above new processes that happened at every step:
-    transformer_tiny at 128 tokens under 1 GiB (tests/test_probe_per_length_real.py, AMD EPYC,
-    2026-12-06) stepped from 91 to 96 one sample at a time, each step a child over the budget by
-    1-8 MiB and then a new process within it, 12 fresh trials for 6 batches.
+    transformer_tiny took 12 fresh trials for 6 batches (docs/probe-evidence.md, "Bumps").
     """
     if isinstance(step, Run) and model is not None:
         return Run(step.batch, fresh=True)
@@ -383,9 +335,9 @@ def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None, h
 
 
 # slow_start bisects geometrically only across an interval wider than this (hi / lo): wider than one
-# doubling. Narrower ones keep the arithmetic midpoint, whose last steps land nearer the failure:
-# dense_wide under 1.37 GiB (a bump at 257; `python tools/bench/run.py --quick --only probe` at
-# 93af0f4) answered 253 with geometric midpoints everywhere, where arithmetic ones answer 255.
+# doubling. Narrower ones keep the arithmetic midpoint, whose last steps land nearer the failure
+# (`python tools/bench/run.py --quick --only probe`: dense_wide 253 geometric, 255 arithmetic;
+# docs/probe-evidence.md, "Two ways to cut the new-process wait, measured and not taken").
 GEOMETRIC_ABOVE_RATIO = 2
 
 
@@ -398,11 +350,8 @@ def _midpoint(config: SearchConfig, lo: int, hi: int) -> float:
     OOM at a batch the line puts well inside the budget, so a limit the readings cannot see binds
     (an address-space cap, a cgroup the budget was not told of). Where that limit lies is then
     unknown by orders of magnitude, and each failure in a new process costs a TensorFlow import
-    and the OOM's own ~10 s. dense_wide under a 300 MiB cap with the search told only the RAM
-    (BENCHMARKS.md at 7da295f): the line sent the search from 32 to 4096, and arithmetic midpoints
-    ran out of memory at 4096, 2064, 1048, 540, 286 and 159 before 95 fitted, 10 OOMs in all and
-    4.5x checked binsearch's wall time. On the same landscape this runs out at 4096, 362 and 196
-    (geometric), then 151 and 129 (arithmetic): 5 OOMs (tests/test_probe_search.py).
+    and the OOM's own ~10 s. dense_wide told only the RAM under a 300 MiB cap took 10 OOMs with
+    arithmetic midpoints, 5 with this (docs/probe-rules.md, "search._midpoint").
     """
     if config.strategy == "slow_start" and hi > GEOMETRIC_ABOVE_RATIO * lo:
         return math.sqrt(lo * hi)

@@ -96,18 +96,15 @@ def fit_token_model(readings: Iterable[TokenReading]) -> TokenMemoryModel | None
     """Least squares of peak on (1, B x L, B x L^2), with a and b kept at or above zero, fitted to
     the low level of two-valued peaks.
 
-    Processes read one batch at two levels on this host: transformer_tiny under 1.5 GiB (Intel
-    Xeon) read 95 x 256 tokens at 1,519.6 and 1,620.3 MiB in two new processes, and fork-server
-    children read 80 and 96 x 256 9-10% (128-149 MiB) above the line through the rest
-    (tools/bench/results/seq_lens_two_valued_b201dfd.json); the high draws bent the fit of that
-    run's readings to r2 0.974, under MIN_FIT_R2, and no length was predicted. So each (batch,
-    length) is fitted at its lowest reading, and then once more without the points that sit more
-    than HIGH_DRAW_FRACTION above that fit, when they are at most MAX_HIGH_DRAW_SHARE of the points
-    (more than that above the line is a line that bends, not draws). That run then fits at r2
-    0.998 with every kept point within 1.9% of the line, and the two runs kept before it at 0.998
-    and 0.999. The line is the low level, as memory_fit's turns toward
-    the fresh readings under it; how far processes differ is the spread, which each length's
-    search takes off its budget (outcomes.effective_budget_bytes) and a predicted length's ceiling
+    Processes can read one batch at two levels, the high draws 9-10% above the line through the
+    rest, and fitted reading by reading they bent r2 under MIN_FIT_R2 (docs/probe-evidence.md,
+    "Probing per sequence length"). So each (batch, length) is fitted at its lowest reading, and
+    then once more without the points that sit more than HIGH_DRAW_FRACTION above that fit, when
+    they are at most MAX_HIGH_DRAW_SHARE of the points (more than that above the line is a line
+    that bends, not draws). The kept runs then fit at r2 0.998-0.999, every kept point within 1.9%
+    of the line. The line is the low level, as memory_fit's turns toward the fresh readings under
+    it; how far processes differ is the spread, which each length's search takes off its budget
+    (outcomes.effective_budget_bytes) and a predicted length's ceiling
     too (profile_ceiling_at_length). `points` counts the (batch, length) pairs fitted.
 
     When the free fit gives a negative coefficient (an LSTM has no quadratic term, and noise can

@@ -1,28 +1,10 @@
 """Probe trials run in worker processes; this module is both sides of that.
 
-Why workers (see docs/tensorflow-memory.md): on CPU a process's resident memory never shrinks
-after TensorFlow grew it, a real OOM can segfault the process (oneDNN convolutions) or get it
-SIGKILLed (cgroup limit), and memory held after a failed trial makes every later trial near the
-boundary fail. So:
-
-- a worker's readings stay right only while its batches grow: `Worker.can_run(batch)` is True for a
-  batch above every batch it ran, and never after an OOM. The probe keeps one "scout" worker for
-  the growing phase and starts a fresh worker whenever the search steps back down. Memory
-  retained from earlier trials still lifts a scout's readings a little (conservative: on
-  small_cnn the answer was 338 against a fresh-process truth of 342; on dense_wide 290 against
-  332, see BENCHMARKS.md);
-- a fresh worker may first run a few cheap steps at a small batch (`prewarm`; api.prewarm_of says
-  when and at which batch: fork-server children and workers under TensorFlow's inter-op pool do,
-  whose resident peak climbs for 5-11 steps otherwise,
-  docs/tensorflow-memory.md#peak-climbs-over-the-first-steps; new processes with one inter-op
-  thread and capped workers do not, as training does not); an address-space cap
-  (`address_space_headroom_bytes`) is set after any prewarm, over the worker's size then;
-- a worker that dies (segfault, SIGKILL) is an OOM outcome, and the probe goes on;
-- a worker that does not answer in time (`trial_deadline_seconds`, `STARTUP_DEADLINE_SECONDS`) is
-  killed. If its swap grew meanwhile the trial failed ("swapped": thrashing is how a batch too big
-  for RAM can look); otherwise the probe stops with a ProbeError, because a hang says nothing about
-  memory and counted as a failure it would pull the answer below batches that fit;
-- a worker dies with the probe (`_die_with_parent`), and a garbled reply is a ProbeError.
+On CPU a process's resident memory never shrinks after TensorFlow grew it, a real OOM can
+segfault the process (oneDNN convolutions) or get it SIGKILLed (cgroup limit), and memory held
+after a failed trial makes every later trial near the boundary fail (docs/tensorflow-memory.md).
+So each trial runs in a worker process; `Worker` says when a worker's reading is right, when it
+prewarms, and what a worker that dies, hangs or garbles its reply means.
 
 The protocol: the parent writes one JSON line of setup, then one JSON line per trial; the worker
 answers each with one line prefixed by `@@edgebatch ` (TensorFlow and user code may print too).
@@ -86,16 +68,11 @@ def trial_deadline_seconds(trial_seconds: float, expected_step_seconds: float | 
 # A trial's defaults, owned here; ProbeRequest (and through it the CLI) reads them.
 DEFAULT_STEPS_PER_TRIAL = 3
 DEFAULT_TRIAL_SECONDS = 10.0
-# TensorFlow inter-op threads in a worker (0: TensorFlow's own pool, one thread per core). With its
-# own pool, independent ops of a step run side by side in an order that changes from step to step,
-# and the resident peak follows the worst overlap seen so far: it climbs in jumps of 20-260 MiB, as
-# late as the 26th step, differently in every process (transformer_tiny at 87 x 256 tokens: 1,547
-# MiB after one step, 1,589 and 1,653 after 30 in two processes; small_cnn at 300: 1,618 MiB). With
-# one inter-op thread the ops run one after another and the peak is the same in every step and
-# every process (1,474-1,475 and 1,354-1,355 MiB there; not always lower: dense_wide at 300 read
-# 1,541 MiB against the pool's 1,391), at the same step time on this machine kind
-# (device_profiles/README.md, "Bumps"; tools/op_schedule_check.py). A ceiling holds for training run with the same setting
-# (edgebatch.set_inter_op_threads).
+# TensorFlow inter-op threads in a worker (0: TensorFlow's own pool, one thread per core). With
+# the pool the resident peak follows the worst overlap of ops seen so far and climbs at random
+# steps, differently in every process; with one thread it is the same in every step and process,
+# at the same step time (docs/tensorflow-memory.md, "Inter-op threads"; tools/op_schedule_check.py).
+# A ceiling holds for training run with the same setting (edgebatch.set_inter_op_threads).
 DEFAULT_INTER_OP_THREADS = 1
 
 
@@ -168,7 +145,26 @@ class _LineReader:
 
 @dataclass
 class Worker:
-    """Parent-side handle of one worker process."""
+    """Parent-side handle of one worker process.
+
+    - Its readings stay right only while its batches grow: `can_run(batch)` is True for a batch
+      above every batch it ran, and never after an OOM. The probe keeps one "scout" worker for the
+      growing phase and starts a fresh worker whenever the search steps back down. Memory retained
+      from earlier trials still lifts a scout's readings a little, on the safe side (small_cnn's
+      answer 338 against a fresh-process truth of 342; dense_wide's 290 against 332: BENCHMARKS.md).
+    - A fresh worker may first run a few cheap steps at a small batch (`prewarm`; api.prewarm_of
+      says when): fork-server children and workers under TensorFlow's inter-op pool do, whose
+      resident peak climbs for 5-11 steps otherwise
+      (docs/tensorflow-memory.md#peak-climbs-over-the-first-steps); new processes with one
+      inter-op thread and capped workers do not, as training does not. An address-space cap
+      (`address_space_headroom_bytes`) is set after any prewarm, over the worker's size then.
+    - A worker that dies (segfault, SIGKILL) is an OOM outcome, and the probe goes on.
+    - A worker that does not answer in time (`trial_deadline_seconds`, `STARTUP_DEADLINE_SECONDS`)
+      is killed. If its swap grew meanwhile the trial failed ("swapped": thrashing is how a batch
+      too big for RAM can look); otherwise the probe stops with a ProbeError: a hang says nothing
+      about memory, and counted as a failure it would pull the answer below batches that fit.
+    - A worker dies with the probe (`_die_with_parent`), and a garbled reply is a ProbeError.
+    """
 
     setup: WorkerSetup
     process: subprocess.Popen
@@ -197,7 +193,7 @@ class Worker:
             self.reader = _LineReader(self.process.stdout)
 
     def can_run(self, batch: int) -> bool:
-        """Whether this worker's reading at `batch` would be right (see the module docstring)."""
+        """Whether this worker's reading at `batch` would be right (see the class docstring)."""
         return self.healthy and self.process.poll() is None and batch > self.largest_batch
 
     def run_trial(self, batch: int) -> dict:
@@ -620,12 +616,9 @@ def worker_main() -> int:
         prewarm_seconds = []
         if setup.prewarm_batch:
             prewarm_seconds = runner.run_steps(setup.prewarm_batch, setup.prewarm_steps)
-        # The cap comes after the prewarm. Capped first, the prewarm's small steps left address
-        # space that later big batches could not use: dense_wide under a 300 MiB cap aborted with
-        # std::bad_alloc at batch 110 in 3 runs of 6, at 66-122 in probes, while a fresh process
-        # (tests/support/fresh_step.py, no prewarm) ran 128 every time. Capped after it, 128 ran
-        # 4 of 4 and 129, 130 and 132 failed 10 of 10, the fresh process's edge. Recount with
-        # `python tools/capped_edge.py tests/models/dense_wide.py:build --batches 110,128,129`.
+        # The cap comes after the prewarm: capped first, the prewarm's small steps left address
+        # space that later big batches could not use (docs/probe-rules.md, "worker_main: the cap
+        # after the prewarm").
         if setup.address_space_headroom_bytes:
             _cap_address_space(setup.address_space_headroom_bytes)
         from edgebatch.sensors import process_rss_bytes, read_allocator
@@ -682,12 +675,9 @@ def run_and_exit() -> NoReturn:
 
     The output is flushed and the process ends with os._exit. Everything a worker has to say is sent
     by then, and nothing it holds needs an orderly end: the kernel frees its memory and descriptors
-    either way. The shutdown was costly: closed after a trial, a new process's worker took a median
-    1.27-1.68 s to exit through `sys.exit` (1.27-1.87 s in all; TensorFlow's teardown) and 0.11-0.16 s
-    this way, where a fork-server child, which already ended with os._exit, took 0.08-0.10 s
-    (dense_wide at 240 and small_cnn at 128, AMD EPYC host, 2026-12-06: `python
-    tools/worker_exit_check.py [MODEL BATCH]`). A probe closes its workers before each fresh trial and
-    waits for them, so that time was paid once per new process, on the probe's critical path.
+    either way. The shutdown was costly: a median 1.27-1.68 s through `sys.exit` (TensorFlow's
+    teardown) against 0.11-0.16 s this way, paid once per new process on the probe's critical path
+    (`python tools/worker_exit_check.py`; docs/probe-evidence.md, "What a probe costs, and why").
     """
     code = 1
     try:
