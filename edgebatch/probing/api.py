@@ -21,10 +21,11 @@ from pathlib import Path
 
 from edgebatch.errors import ProbeError, UsageError
 from edgebatch.malloc_arenas import malloc_arena_max_in_effect
-from edgebatch.probing import per_length, summary, token_fit
+from edgebatch.probing import budget_answer, eta, per_length, summary, token_fit
+from edgebatch.probing.budget_answer import BudgetQuestion
 from edgebatch.probing.budget import DeviceFacts, default_device, device_facts, resolve_budget, with_worker_gpu_details
 from edgebatch.probing.margins import bump_edge_fraction, fit_budget_bytes
-from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
+from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, answered_below, reuse_problem
 from edgebatch.probing.outcomes import (
     ANSWER_READINGS,
     BAND_READINGS_FACTOR,
@@ -345,15 +346,10 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         directory = resolve_profiles_dir(profiles_dir)
         cached = None if force else find_profile(directory, fingerprint, key)
         if cached is not None:
-            problem = _reuse_problem(cached, request, budget_bytes, lengths)
-            if problem is None:
-                progress(
-                    f"reusing cached profile {directory / cached.path_name}: same device, model and settings, "
-                    f"budget within {BUDGET_TOLERANCE_FRACTION:.0%} (--force probes again)"
-                )
+            reused = _reused(cached, request, budget_bytes, budget_source, lengths, directory, progress)
+            if reused is not None:
                 at_once = True  # the scout is still tracing a step no trial will use
-                return cached
-            progress(f"not reusing cached profile {directory / cached.path_name}: {problem}; probing again")
+                return reused
         elif not force:
             progress(f"no cached profile for this device and model in {directory}; probing")
         model_facts = await_ready(scout).facts
@@ -412,8 +408,11 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             fork: _FreshWorkers | None = None):
     outcomes: list[Outcome] = []
     trials: list[Trial] = []
+    times: list[eta.TrialTime] = []
+    began = time.monotonic()
     while True:
         step = next_step(config, outcomes)
+        step_began = time.monotonic()
         if isinstance(step, Done):
             return trials, step
         if isinstance(step, Skip):
@@ -456,8 +455,20 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             new_trials = [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=fresh,
                                               forked=worker.forked)]
             note = "  (fresh worker, a new process)" if repeat and forked_otherwise else "  (fresh worker)"
+        each_seconds = (time.monotonic() - step_began) / len(new_trials)
         for trial in new_trials:
+            # The scout's first trial is fresh but its start-up came before the search: it times no start-up.
+            times.append(eta.TrialTime(seconds=each_seconds, fresh=trial.fresh and bool(times)))
             _record(trial, trials, outcomes, config, progress, note if trial.fresh else "")
+        progress(_time_line(config, outcomes, times, time.monotonic() - began))
+
+
+def _time_line(config: SearchConfig, outcomes: list[Outcome], times: list[eta.TrialTime], elapsed_seconds: float) -> str:
+    """The progress line after each step: trials and time so far, and the estimate of what is left (eta.py)."""
+    left = eta.trials_left(config, outcomes, checks_answer=config.strategy in ANSWER_CHECKING_STRATEGIES)
+    estimate = eta.estimate(left, times)
+    so_far = f"    {len(times)} trials, {elapsed_seconds:.0f} s so far"
+    return so_far + (f"; {estimate.describe()}" if estimate is not None else "")
 
 
 def _record(trial: Trial, trials: list[Trial], outcomes: list[Outcome], config: SearchConfig, progress: Progress,
@@ -664,7 +675,33 @@ def _reuse_problem(cached: DeviceProfile, request: ProbeRequest, budget_bytes: i
         requested_search=request.search_settings(lengths),
         requested_headroom=request.headroom,
         requested_budget_bytes=budget_bytes,
+        cached_per_length=bool(cached.per_length),
     )
+
+
+def _reused(cached: DeviceProfile, request: ProbeRequest, budget_bytes: int, budget_source: str,
+            lengths: tuple[int, ...] | None, directory, progress: Progress) -> DeviceProfile | None:
+    """The cached profile's answer to `request` (as it stands, or read from its readings at a
+    smaller budget), saying so in one line; None, with the reason, where it has none."""
+    where = directory / cached.path_name
+    problem = _reuse_problem(cached, request, budget_bytes, lengths)
+    if problem is None and not answered_below(cached.budget_bytes, budget_bytes, bool(cached.per_length)):
+        progress(f"reusing cached profile {where}: same device, model and settings, budget within "
+                 f"{BUDGET_TOLERANCE_FRACTION:.0%} (--force probes again)")
+        return cached
+    if problem is None:
+        question = BudgetQuestion(budget_bytes=budget_bytes,
+                                  fit_budget_bytes=fit_budget_bytes(budget_bytes, request.inter_op_threads),
+                                  headroom=request.headroom, multiple=request.multiple, tolerance=request.tolerance)
+        answer = budget_answer.answer_at(cached.trials, cached.memory_model, question, cached.max_batch,
+                                          cached.safe_batch)
+        if isinstance(answer, budget_answer.BudgetAnswer):
+            progress(f"reusing cached profile {where}: probed under {format_bytes(cached.budget_bytes)}, its "
+                     f"readings answer this smaller budget: {answer.describe()} (--force probes again)")
+            return budget_answer.profile_at(cached, answer, question, budget_source)
+        problem = answer
+    progress(f"not reusing cached profile {where}: {problem}; probing again")
+    return None
 
 
 def _refuse_budget_below_baseline(budget_bytes: int, model_facts: dict, measure: str, device: str) -> None:

@@ -1,20 +1,15 @@
-"""When a cached profile answers a new probe request, and in one line why not.
+"""When a cached profile answers a new probe request, and in one line why not. Pure.
 
-Pure: plain values in, a reason (or None) out. The device and the model are already matched by the
-profile's file name (device fingerprint, which includes the memory limit that applies, and model
-key); what is left is everything else that changes the answer:
-
-- the search settings: the batch limit, the multiple, the strategy, the steps and seconds a trial
-  runs, TensorFlow's inter-op threads in the workers (a profile without the field was measured
-  with TensorFlow's own pool, 0), the fresh readings of the answer (without the field: 1), glibc's
-  malloc arena limit in the probe's environment (without the field: unset), the search's tolerance
-  (without the field: 2%), and the headroom (it decides `safe_batch`). `start` is left out:
-  it changes where the search begins, not where it ends. A profile that records no `search`
-  settings (written by a version before they were recorded) is not reused.
-- the budget, explicit or default, within BUDGET_TOLERANCE_FRACTION. A default budget is the RAM
-  available when the probe starts, which moves with whatever else runs; within 3% the profile's
-  trials still bracket the answer (fresh processes differ by 1-2% in peak memory anyway, see
-  device_profiles/README.md), beyond it the answer moves by about as much.
+The device and model are matched by the profile's file name (fingerprint, memory limit included,
+and model key). What is left:
+- the search settings that change the answer (ANSWER_SETTINGS; an unrecorded one takes its old
+  default, UNRECORDED_SETTINGS; `start` only moves the path) and the headroom. A profile that
+  records no settings (an older edgebatch) is not reused.
+- the budget. A profile answers every budget up to its own: one below it from its readings
+  (budget_answer.py), one up to BUDGET_TOLERANCE_FRACTION above it with its answer as it stands,
+  since a default budget (the RAM available now) moves with whatever else runs and fresh
+  processes differ by 1-2% in peak memory anyway. A larger budget probes again, and so does a
+  per-length profile more than that below its own.
 """
 
 from __future__ import annotations
@@ -61,8 +56,10 @@ def reuse_problem(
     requested_search: Mapping[str, Any],
     requested_headroom: float,
     requested_budget_bytes: int,
+    cached_per_length: bool = False,
 ) -> str | None:
-    """None when the cached profile answers the request; else why not, as one line for people."""
+    """None when the cached profile answers the request (its own answer, or one read from its
+    readings where answered_below says so); else why not, as one line for people."""
     if not cached_search:
         return "it records no search settings (written by an older edgebatch)"
     for name, option in ANSWER_SETTINGS.items():
@@ -73,9 +70,27 @@ def reuse_problem(
             return f"it was probed with {option} {words(cached)}, this probe asks for {words(requested)}"
     if abs(cached_headroom - requested_headroom) > 1e-9:
         return f"it was probed with --headroom {cached_headroom}, this probe asks for {requested_headroom}"
-    if abs(cached_budget_bytes - requested_budget_bytes) > BUDGET_TOLERANCE_FRACTION * requested_budget_bytes:
+    return _budget_problem(cached_budget_bytes, requested_budget_bytes, cached_per_length)
+
+
+def answered_below(cached_budget_bytes: int, requested_budget_bytes: int, cached_per_length: bool = False) -> bool:
+    """Whether a reused profile's answer is read again from its readings at the requested budget
+    (below its own), rather than given as it stands."""
+    return not cached_per_length and requested_budget_bytes < cached_budget_bytes
+
+
+def _budget_problem(cached_budget_bytes: int, requested_budget_bytes: int, cached_per_length: bool) -> str | None:
+    slack = BUDGET_TOLERANCE_FRACTION * requested_budget_bytes
+    if requested_budget_bytes - cached_budget_bytes > slack:
+        return (
+            f"its budget {format_bytes(cached_budget_bytes)} is below this probe's "
+            f"{format_bytes(requested_budget_bytes)} by more than {BUDGET_TOLERANCE_FRACTION:.0%}: "
+            "a larger budget needs readings it does not hold"
+        )
+    if cached_per_length and cached_budget_bytes - requested_budget_bytes > slack:
         return (
             f"its budget {format_bytes(cached_budget_bytes)} differs from this probe's "
-            f"{format_bytes(requested_budget_bytes)} by more than {BUDGET_TOLERANCE_FRACTION:.0%}"
+            f"{format_bytes(requested_budget_bytes)} by more than {BUDGET_TOLERANCE_FRACTION:.0%}, "
+            "and a probe per length answers only its own budget"
         )
     return None
