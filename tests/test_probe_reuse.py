@@ -463,7 +463,9 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
         lines = []
         script = iter([Run(300, fresh=True, new_process=True), Done(300)])
         api._search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lines.append, fork=fork)
-        assert started == [None] and steps == [wanted_steps] and lines[-1].endswith(note), (steps, lines)
+        trial_lines = [line for line in lines if line.lstrip().startswith("batch ")]
+        assert started == [None] and steps == [wanted_steps] and trial_lines[-1].endswith(note), (steps, lines)
+        assert lines[-1].startswith("    1 trial, ")  # the time line follows every step
 
 
 def test_the_malloc_arena_limit_is_read_as_glibc_reads_it():

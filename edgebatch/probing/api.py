@@ -73,48 +73,20 @@ from edgebatch.zoo import OPTIMIZATIONS, OPTIMIZERS, PRECISIONS, keras_flavor, p
 # The strategies that read their answer in fresh workers (search._repeat_answer), and say when it needs more readings.
 ANSWER_CHECKING_STRATEGIES = ("slow_start", CHECKED_BINSEARCH)
 
-# Fresh workers run this many steps at a small batch before their trial (prewarm_of). With
-# TensorFlow's inter-op pool the resident peak climbs over the first steps
-# (docs/tensorflow-memory.md#peak-climbs-over-the-first-steps), so the prewarm runs at the start
-# batch (at most half the trial's): a prewarm at batch 1 read small_cnn 7% low below its bump in
-# fork-server children and moved the bump's edge (device_profiles/README.md, "Bumps").
+# Fresh workers run this many steps at the start batch (at most half the trial's) before their
+# trial, where prewarm_of gives one: with TensorFlow's inter-op pool the resident peak climbs over
+# the first steps, and children read unsteadily without it (docs/probe-rules.md, "api.PREWARM_STEPS").
 PREWARM_STEPS = 5
-# With one inter-op thread the peak is final in the first step, and what the prewarm still does is
-# steady the reading: without one, fork-server children read transformer_tiny at 87 x 256 tokens at
-# 1,531 and then 1,619 MiB. Its batch stays the start batch there too, although a prewarm at 8
-# lifts some readings: text_cnn at 688 read 1,254.9-1,255.0 MiB after a prewarm at 8 and
-# 1,172.3-1,172.9 after one at 2 or 4, against 1,148.7 MiB in a fresh process (`python
-# tools/prewarm_check.py --prewarm-batches 2,4,8`). With the prewarm at 2 the probe answered
-# mobilenet_v2 under 1.5 GiB 30, which fresh processes read at 1,551 MiB, over the budget (and 31 at
-# 1,436), so it was taken back; but the next benchmark run, prewarm at 8, answered 30 too, so the
-# prewarm's batch is not shown to be the cause (device_profiles/README.md, "Fresh workers from a
-# fork server"). The start batch is what was measured longest. That lift is the allocator's (the
-# prewarm grows TensorFlow's CPU pool in small regions first), and training does no prewarm, so
-# workers started as new processes with one inter-op thread run none (prewarm_of).
 
 
 def prewarm_of(batch: int, start_batch: int, capped: bool, *, new_process: bool,
                inter_op_threads: int = DEFAULT_INTER_OP_THREADS) -> tuple[int | None, int]:
     """(prewarm batch, prewarm steps) for a fresh worker whose first trial runs `batch`.
 
-    Under an address-space cap none: the worker then does what the fresh-process truth does (trace
-    at batch 1, cap, trial), and a prewarm moved the edge: mlp under a 256 MiB cap ran 22607 in one
-    process of two after the prewarm, and in none of two without it, as in the truth's fresh
-    processes (`python tools/capped_edge.py mlp --headroom-mib 256 --batches 21760,22607`). That
-    alone did not make the capped mlp probe safe: without a prewarm its fork-server workers still
-    ran 23500, which fresh capped processes fail (device_profiles/README.md).
-
-    None either for a worker started as a new process with one inter-op thread: it then runs what
-    training runs (the step traced at batch 1, then the batch), and reads what a training process
-    reads. A prewarm grows TensorFlow's CPU memory pool in small regions first, and the trial's
-    batch can then need one region more: probe workers read text_cnn at 799 at 1,265-1,266 MiB in
-    8 of 8 new processes after a prewarm at 8, and at 1,152-1,153 MiB in 14 of 15 without one, as
-    `tests/support/fresh_step.py` does (`python tools/prewarm_check.py --case text_cnn:799
-    --new-process`; device_profiles/README.md, "Why: a step's peak is decided
-    by the allocator's growth in its first step"). Fork-server children keep the prewarm: without
-    one their readings were unsteady or low (transformer_tiny 1,531 then 1,619 MiB; small_cnn 7%
-    low below its bump with a prewarm at 1; the notes above PREWARM_STEPS). A child's reading above
-    every new process's is not counted as spread (outcomes.peak_spread_fraction).
+    None under an address-space cap, and none for a new process with one inter-op thread: each then
+    runs what the training (and the benchmark's truth) runs, the step traced at batch 1 and then the
+    batch, where a prewarm moved the edge or lifted the reading by one allocator region
+    (docs/probe-rules.md, "api.prewarm_of"). Fork-server children keep it.
     """
     if capped:
         return None, 0
@@ -123,14 +95,9 @@ def prewarm_of(batch: int, start_batch: int, capped: bool, *, new_process: bool,
     return max(1, min(start_batch, batch // 2)), PREWARM_STEPS
 
 
-# A repeat (a batch a fresh worker already read, read again in a new process: the answer's
-# readings, a child's failure read again) stands for training, which runs for many steps, and a
-# process's peak can jump later than the settle rule waits for (trial.resident_peak_settled: three
-# steps without a rise). mobilenet_v2 at 36 on an Intel Xeon, 30 steps in each of 6 new processes
-# (`python tests/support/fresh_step.py mobilenet_v2 36 30 --inter-op-threads=1 --report-steps`,
-# 2026-12-06): a 61-69 MiB jump at step 2 in three, one of 46 MiB at step 7 in one (1,512 to 1,559
-# MiB, over a 1.5 GiB budget), none in two. The benchmark's truth runs 10 steps. So a repeat runs
-# this many timed steps, within --trial-seconds.
+# A repeat (a batch a fresh worker already read, read again in a new process) stands for training,
+# and a process's peak can jump as late as step 7, after the settle rule stops waiting: so a repeat
+# runs this many timed steps, within --trial-seconds (docs/probe-rules.md, "api.REPEAT_STEPS").
 REPEAT_STEPS = MAX_STEPS_PER_TRIAL
 
 
@@ -252,13 +219,14 @@ def probe(
     defaults: device, memory_budget, allow_overcommit, precision, optimizer, optimize, start, max_batch_limit,
     multiple, headroom, steps_per_trial, trial_seconds, inter_op_threads, answer_readings, tolerance, strategy,
     worker_address_space_headroom_bytes, seq_lens. The ceiling holds for training run with the same `inter_op_threads` (default 1, one
-    TensorFlow inter-op thread: set_inter_op_threads in edgebatch; device_profiles/README.md).
+    TensorFlow inter-op thread: set_inter_op_threads in edgebatch; docs/probe-evidence.md).
     A model with a variable sequence axis (transformer_tiny, lstm_small, your own with an input of
     shape (None,)) is probed per length: `seq_lens` ("64,128,256" or ints; a built-in's default is
     a ladder up to its longest length) and the profile's `per_length` and `token_model` (per_length.py).
     A cached profile is returned, unless `force`, only where it answers this request: same device
     (fingerprint, memory limit included) and model key, the same settings that change the answer,
-    and a budget within 3% (probing/reuse.py); `progress` is told why it was or was not reused. See
+    and a budget up to 3% above the profile's or any below it, which its readings answer
+    (probing/reuse.py, probing/budget_answer.py); `progress` is told why it was or was not reused. See
     device_profiles/README.md for every field.
 
     Raises:
@@ -426,7 +394,7 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             continue
         # A repeat of a batch a fresh worker already read runs in a new process, not a fork-server
         # child: children of one server read alike (mobilenet_v2 at 31: three children at 1.48 GiB),
-        # where new processes, like the training they stand for, differ (device_profiles/README.md,
+        # where new processes, like the training they stand for, differ (docs/probe-evidence.md,
         # "Peaks that differ between processes"). So does a first reading the search asks of a new
         # process (Run.new_process) where a fork server would otherwise give a child, with a
         # repeat's steps; without a fork server every fresh worker is a new process anyway.
@@ -467,7 +435,7 @@ def _time_line(config: SearchConfig, outcomes: list[Outcome], times: list[eta.Tr
     """The progress line after each step: trials and time so far, and the estimate of what is left (eta.py)."""
     left = eta.trials_left(config, outcomes, checks_answer=config.strategy in ANSWER_CHECKING_STRATEGIES)
     estimate = eta.estimate(left, times)
-    so_far = f"    {len(times)} trials, {elapsed_seconds:.0f} s so far"
+    so_far = f"    {len(times)} trial{'' if len(times) == 1 else 's'}, {elapsed_seconds:.0f} s so far"
     return so_far + (f"; {estimate.describe()}" if estimate is not None else "")
 
 

@@ -144,8 +144,8 @@ def _anchor_bound(anchor: Trial, safe_budget: float, unlowered_safe_budget: floa
     peak: down to the unlowered safe budget when it reads over that, else up to the lowered one
     (safe_batch_of). A reading carried down to a smaller batch keeps its own level, and the
     highest reading behind a spread is itself an anchor, so the spread is not taken off again;
-    one carried up may meet a larger level there. Both lowered (before 2026-12-07), one level
-    counted twice: text_cnn's safe batch was 99 of 710."""
+    one carried up may meet a larger level there. Both lowered counted one level twice (text_cnn's
+    safe batch was 99 of 710: docs/probe-evidence.md, "Counted: how often an answer goes over")."""
     down = anchor.batch + math.floor((unlowered_safe_budget - anchor.peak_bytes) / per_sample_bytes)
     if down <= anchor.batch:
         return down
