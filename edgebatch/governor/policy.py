@@ -1,91 +1,17 @@
 """The governor's pure decision core: `step(config, state, observation) -> (state, decision)`.
 
 Plain values in, plain values out (optax's init/update shape): no TensorFlow, psutil or pynvml, so
-every rule below is tested one transition at a time and a recorded trace can be replayed.
+every rule is tested one transition at a time and a recorded trace can be replayed.
 
 Sizes. A micro-batch is always *legal*: in [config.lower_batch, config.upper_batch] where
 upper = min(ceiling_batch, effective_batch) and, once >= `multiple`, a multiple of it (sizes.py).
-Every change moves at least one legal step, even when the factor bounds below would round to no
-change (x1.5 from 1 goes to 2; with multiple=8, x1.5 from 8 goes to 16).
+Every change moves at least one legal step, even when the factor bounds would round to no change
+(x1.5 from 1 goes to 2; with multiple=8, x1.5 from 8 goes to 16).
 
-Observations. One per optimizer update (it advances `updates` and counts down the cooldown),
-except `oom=True`, which may come after any micro-batch, is not an update, and acts at once.
-
-OOM (oom=True; ignores patience and cooldown). The size that was running: running =
-max(observation.running_micro_batch, micro_batch) when the caller says; otherwise max(micro_batch,
-current size) (a failed piece smaller than the current size is the remainder of an update split
-at the current size, as in [32, 32, 32, 4]; micro_batch None means the current size). target =
-floor(running x oom_shrink_factor), lowered further to the model's fit when there is one (the only
-way below the factor); new = min(current, largest legal size <= target), at least lower_batch. If
-that is smaller than the current size it is taken; if not and running <= current, the smallest
-size has failed too: the decision is unchanged with `exhausted=True` (the training loop should
-give up); if running > current the report is stale (already smaller, e.g. a restarted process
-resumed from an older checkpoint): only counted. In every case oom_count += 1, the calm streak
-resets, the cooldown restarts as an *OOM cooldown* (the calm streak does not count in it), and
-the OOM threshold (TCP's ssthresh) becomes min(threshold, running), its calm count reset to 0.
-
-OOM threshold. While one is set: growth is multiplicative (rule 5) only up to the safe point
-floor(threshold x threshold_safe_fraction); from the safe point on it is additive, one legal step
-per growth (still after patience and cooldown); it never reaches the threshold. Every calm update
-outside an OOM cooldown counts towards expiry: after threshold_expiry_updates of them it is
-raised to max(ceil(threshold / threshold_safe_fraction), threshold + 1), so the old threshold is
-the new safe point (one probe of it, not a regrowth by the factor past it), and forgotten
-(threshold_batch None) once that exceeds upper_batch; the count starts again. So a device freed
-meanwhile is reclaimed, slowly; the next OOM sets the threshold again.
-
-Load. What an update observation is judged on, from its memory reading:
-- a room reading (limit_bytes with used_bytes, the bytes *others* use under that limit, in the
-  observation's `measure`; what others leave this job is limit - used). With a memory model
-  that applies to the reading (config.model_measure is None, the reading has no measure, or they
-  are equal) the load is *predicted*: (used + footprint(current)) / limit, where footprint(b) =
-  fixed_bytes + extra_bytes + per_sample_bytes x b, the fraction of the limit in use if this job
-  held exactly what the next micro-batch needs; a predicted load > hard_limit_fraction is the
-  *hard limit*. Without such a model, load = used / limit (what others take: TensorFlow's
-  allocators and the process heap keep what they freed, so this job's own bytes say nothing about
-  the next micro-batch; its own growth is bounded by OOMs and the threshold).
-- no room reading: load = observation.pressure (the whole device, as read), None when not read.
-
-Update observations, in this order:
-1. Slow step: with step_seconds, the micro-batch it ran at (observation.micro_batch, else the
-   current size) and >= 3 earlier samples at that size among the last `slow_step_window`, the
-   last `slow_step_patience` steps (this one included) all slower than slow_step_factor x the
-   median of the samples before them are pressure. (A new size's first step retraces a
-   tf.function, seconds long; the median of >= 3 samples shrugs that outlier off:
-   docs/tensorflow-memory.md#tffunction-retracing.)
-   The sample then joins the bounded history.
-2. High pressure: load > shrink_above_pressure, or the hard limit, or psi_some_avg10 >=
-   psi_some_avg10_threshold, or a slow step. Calm: not high and load < grow_below_pressure; for a
-   predicted load: not high and the model's fit > the current size (target_pressure plays
-   grow_below_pressure's part: a prediction has no cached memory to see through). A reading
-   that is not calm resets the calm streak, as does a calm one in an OOM cooldown; an
-   observation with no reading (load None, not high) leaves it alone, so with a rate-limited
-   reader patience counts readings, not updates.
-3. Cooldown: when cooldown_left > 0 nothing changes this update, except that the hard limit
-   still shrinks (the model predicts this size does not fit; the prediction follows the size at
-   once, unlike a reading); cooldown_left -= 1 either way. After a change the next
-   `cooldown_updates` updates keep the size.
-4. High pressure shrinks: to ceil(current x max_shrink_factor) (the factor bound); with a model
-   whose fit is below the current size, to the fit but no lower than the factor bound, or to the
-   fit itself at the hard limit. A high reading the model does not explain (fit >= current: PSI or
-   a slow step) still shrinks by the factor. Rounded down to a legal size unless that breaks the
-   factor bound (then up); at least one legal step, at least lower_batch.
-5. Else a calm streak >= grow_patience grows: to floor(current x max_grow_factor), no higher than
-   upper_batch nor (with a model) its fit, nor what the OOM threshold allows, rounded down to a
-   legal size. If nothing higher is allowed there is no growth and the streak keeps counting.
-Any change resets the calm streak and starts the cooldown (`cooldown_updates`).
-
-Model-predictive sizing. With config.fixed_bytes/per_sample_bytes applying to the observation's
-measure and a room reading, the model's fit is the largest b with
-    fixed_bytes + extra_bytes + per_sample_bytes x b <= target_pressure x limit_bytes - used_bytes
-i.e. floor((target_pressure x limit - used - fixed - extra) / per_sample_bytes), which may be <= 0
-(an OOM then goes to lower_batch; a pressure shrink below the hard limit stops at its factor bound).
-
-Effective batch. Fixed mode: effective = config.effective_batch, accumulation = ceil(E / micro),
-lr_scale = 1. Elastic mode (floor F = elastic_floor_batch, or none): effective = micro (no
-accumulation) while micro >= F; below F accumulate ceil(F / micro) micro-batches over exactly F
-examples (`split_micro_batches`). lr_scale = (effective / E) for "linear", sqrt(effective / E) for
-"sqrt": the base LR is the one tuned for the target E (linear for SGD, sqrt for Adam:
-docs/tensorflow-memory.md#formulas).
+Observations. One per optimizer update (it advances `updates` and counts down the cooldown;
+_step_update says how it is judged), except `oom=True`, which may come after any micro-batch, is
+not an update, and acts at once (_step_oom). The memory model's part: model_fit_batch and _load;
+the effective batch and LR scale: _decision.
 """
 
 from __future__ import annotations
@@ -125,7 +51,7 @@ __all__ = [
     "step",
 ]
 
-# The median of fewer samples is one outlier away from meaningless (the retrace step above).
+# The median of fewer samples is one outlier away from meaningless (a retrace step: _step_update).
 MIN_SLOW_STEP_SAMPLES = 3
 
 
@@ -166,7 +92,10 @@ def model_fit_batch(
 ) -> int | None:
     """Largest micro-batch the memory model fits under target_pressure x limit; None without a model.
 
-    None too when `measure` (the reading's) differs from config.model_measure: a line fitted to
+    The largest b with fixed_bytes + extra_bytes + per_sample_bytes x b <= target_pressure x
+    limit_bytes - used_bytes, i.e. floor((target_pressure x limit - used - fixed - extra) /
+    per_sample_bytes). An OOM with a fit <= 0 goes to lower_batch; a pressure shrink below the hard
+    limit stops at its factor bound. None too when `measure` (the reading's) differs from config.model_measure: a line fitted to
     process RSS says nothing about allocator bytes. May be <= 0 when even the fixed part does not fit.
     """
     if not _model_applies(config, measure) or limit_bytes is None or used_bytes is None:
@@ -196,6 +125,20 @@ def _model_applies(config: GovernorConfig, measure: str | None) -> bool:
 
 
 def _step_oom(config: GovernorConfig, state: GovernorState, obs: Observation) -> tuple[GovernorState, Decision]:
+    """An OOM (ignores patience and cooldown).
+
+    The size that was running: max(obs.running_micro_batch, micro_batch) when the caller says;
+    otherwise max(micro_batch, current size) (micro_batch None means the current size). target =
+    floor(running x oom_shrink_factor), lowered further to the model's fit when there is one (the
+    only way below the factor); new = min(current, largest legal size <= target), at least
+    lower_batch. If that is smaller than the current size it is taken; if not and running <=
+    current, the smallest size has failed too: the decision is unchanged with `exhausted=True`
+    (the training loop should give up); if running > current the report is stale (already smaller,
+    e.g. a process resumed from an older checkpoint): only counted. In every case oom_count += 1,
+    the calm streak resets, the cooldown restarts as an *OOM cooldown* (the calm streak does not
+    count in it), and the OOM threshold (TCP's ssthresh) becomes min(threshold, running), its calm
+    count reset to 0 (_grow_target, _raised_threshold).
+    """
     current = state.micro_batch
     piece = obs.micro_batch if obs.micro_batch is not None else current
     if obs.running_micro_batch is not None:
@@ -235,6 +178,25 @@ def _step_oom(config: GovernorConfig, state: GovernorState, obs: Observation) ->
 
 
 def _step_update(config: GovernorConfig, state: GovernorState, obs: Observation) -> tuple[GovernorState, Decision]:
+    """One update's observation, judged on its load (_load), in this order.
+
+    1. Slow step: with step_seconds, the micro-batch it ran at and >= MIN_SLOW_STEP_SAMPLES earlier
+       samples at that size among the last `slow_step_window`, the last `slow_step_patience` steps
+       all slower than slow_step_factor x the median of the samples before them are pressure (a new
+       size's first step retraces a tf.function; the median shrugs that outlier off:
+       docs/tensorflow-memory.md#tffunction-retracing). The sample then joins the history.
+    2. High pressure: load > shrink_above_pressure, or the hard limit, or psi_some_avg10 >=
+       psi_some_avg10_threshold, or a slow step. Calm: not high and load < grow_below_pressure; for
+       a predicted load, not high and the model's fit > the current size (target_pressure plays
+       grow_below_pressure's part: a prediction has no cached memory to see through). A reading that is not
+       calm resets the calm streak, as does a calm one in an OOM cooldown; an observation with no
+       reading leaves it alone, so with a rate-limited reader patience counts readings.
+    3. Cooldown: while cooldown_left > 0 nothing changes, except that the hard limit still shrinks
+       (the prediction follows the size at once, unlike a reading).
+    4. High pressure shrinks (_shrink_target); 5. else a calm streak >= grow_patience grows
+       (_grow_target). Any change resets the calm streak and starts the cooldown. Every calm update
+       outside an OOM cooldown counts towards the OOM threshold's expiry (_raised_threshold).
+    """
     current = state.micro_batch
     recent, slow_ratio = _record_step(config, state.recent_step_seconds, obs, current)
     load, hard, predicted = _load(config, obs, current)
@@ -292,7 +254,12 @@ def _step_update(config: GovernorConfig, state: GovernorState, obs: Observation)
 def _load(config: GovernorConfig, obs: Observation, current: int) -> tuple[float | None, bool, bool]:
     """(the fraction compared with the thresholds, None without a reading; hard limit hit; by the model).
 
-    See "Load" in the module docstring.
+    A room reading (limit_bytes with used_bytes, the bytes *others* use under that limit): with a
+    memory model that applies to it the load is *predicted*, (used + footprint(current)) / limit,
+    the share in use if this job held exactly what the next micro-batch needs, and a predicted load
+    > hard_limit_fraction is the *hard limit*. Without one, load = used / limit: TensorFlow's
+    allocators and the heap keep what they freed, so this job's own bytes say nothing about the
+    next micro-batch. No room reading: observation.pressure (the whole device), None when not read.
     """
     room = obs.room_bytes
     if room is None:
@@ -306,7 +273,9 @@ def _load(config: GovernorConfig, obs: Observation, current: int) -> tuple[float
 def _raised_threshold(config: GovernorConfig, threshold: int) -> int | None:
     """An expired threshold, raised so that it becomes the safe point; None once above upper_batch.
 
-    Forgetting it at once would regrow by the factor past the old edge (at 40 under 64: 64, 48
+    It expires after threshold_expiry_updates calm updates outside an OOM cooldown and is raised to
+    max(ceil(threshold / threshold_safe_fraction), threshold + 1), so a device freed meanwhile is
+    reclaimed, slowly; the next OOM sets it again. Forgetting it at once would regrow by the factor past the old edge (at 40 under 64: 64, 48
     and 41 fail in turn); raised, the old threshold is probed once, then growth goes on additively.
     """
     raised = max(math.ceil(threshold / config.threshold_safe_fraction), threshold + 1)
@@ -354,6 +323,11 @@ def _high_pressure_reason(
 
 
 def _shrink_target(config: GovernorConfig, current: int, fit: int | None, hard: bool) -> int:
+    """To ceil(current x max_shrink_factor) (the factor bound); with a model whose fit is below the
+    current size, to the fit but no lower than the factor bound, or to the fit itself at the hard
+    limit. A high reading the model does not explain (PSI, a slow step) shrinks by the factor.
+    Rounded down to a legal size unless that breaks the factor bound (then up); at least one legal
+    step, at least lower_batch."""
     bound = math.ceil(current * config.max_shrink_factor)  # a pressure shrink goes no lower...
     if fit is None or fit >= current:
         wanted = bound  # no model, or a reason the model does not see (PSI, a slow step)
@@ -370,6 +344,10 @@ def _shrink_target(config: GovernorConfig, current: int, fit: int | None, hard: 
 
 
 def _grow_target(config: GovernorConfig, current: int, fit: int | None, threshold: int | None) -> int:
+    """To floor(current x max_grow_factor), no higher than upper_batch nor (with a model) its fit,
+    rounded down to a legal size. With an OOM threshold set, multiplicative only up to the safe
+    point floor(threshold x threshold_safe_fraction), then one legal step per growth, never to the
+    threshold. If nothing higher is allowed there is no growth (the streak keeps counting)."""
     cap = min(math.floor(current * config.max_grow_factor), config.upper_batch)
     if fit is not None:
         cap = min(cap, fit)
@@ -400,6 +378,11 @@ def _model_note(fit: int | None) -> str:
 
 
 def _decision(config: GovernorConfig, micro_batch: int, reason: str, changed: bool) -> Decision:
+    """Fixed mode: effective = config.effective_batch E, accumulation = ceil(E / micro). Elastic mode
+    (floor F = elastic_floor_batch, or none): effective = micro while micro >= F; below F accumulate
+    ceil(F / micro) micro-batches over exactly F examples. lr_scale = effective / E for "linear",
+    sqrt(effective / E) for "sqrt", else 1: the base LR is the one tuned for E (linear for SGD,
+    sqrt for Adam: docs/tensorflow-memory.md#formulas)."""
     if config.mode == "fixed":
         effective = config.effective_batch
     else:

@@ -6,29 +6,11 @@ first call always reads), so the sensors cost little however fast the steps are;
 returns `Observation(pressure=None)`, which the policy treats as "no reading" (see policy.py).
 Merge in the step fields yourself: `dataclasses.replace(obs, step_seconds=..., micro_batch=...)`.
 
-Sources (each a zero-argument callable returning a sensor record or None; tests inject fakes).
-Each reading has a measure: the byte count a memory model of this job would predict there.
-- "allocator": `edgebatch.sensors.read_allocator(device)` -> .current_bytes. Measure
-  "allocator_peak". Pressure = current / budget_bytes (on a GPU without a budget: / the GPU's
-  NVML total). The allocator holds only this training's memory, so others use 0 under it; own =
-  max(current, peak).
-- "gpu" (GPU devices only): `edgebatch.sensors.read_gpu_memory(nvml_index)`. Measure
-  "allocator_peak". Pressure = used / total, all processes included; others = used - our
-  allocator's peak bytes (TensorFlow's GPU allocator keeps its pool at about the peak, so the peak
-  estimates what NVML counts as ours). TensorFlow reserves most of a GPU up front unless memory
-  growth is on, which makes this read ~1.0 always: enable memory growth
-  (edgebatch.sensors.enable_memory_growth) or leave it out.
-- "host": `edgebatch.sensors.read_host_memory()`. Measure "process_peak". Pressure =
-  used_fraction (RAM and cgroup, the worse); limit = limit_bytes; others = (limit -
-  available_to_process) - process RSS; own = process RSS. Its PSI `some_avg10` is passed through
-  as `psi_some_avg10`.
-The observation's pressure is the worst source's (the whole device, for logs). Its room reading
-(limit_bytes, used_bytes = what others use, measure, own_bytes) is the one with the least room
-(limit - others) among the readings in the reader's `measure` (default: "process_peak" on CPU,
-"allocator_peak" on GPU, the probe's measure there, so a profile's memory model applies to it);
-without a reading in that measure, the worst source's. The policy decides on the room (policy.py),
-not on the whole-device fraction that this job's own cached pools keep high. A source that raises
-is warned about once (by name) and skipped: a sensor glitch should not end a training run.
+Each source (allocator, gpu, host: see PressureReader) gives a pressure and a room reading in a
+measure; the observation's pressure is the worst source's (the whole device, for logs), and its
+room reading the one with the least room in the reader's `measure`, which the policy decides on.
+A source that raises is warned about once (by name) and skipped: a sensor glitch should not end a
+training run.
 """
 
 from __future__ import annotations
@@ -75,7 +57,31 @@ class SourceReading:
 
 
 class PressureReader:
-    """Rate-limited worst-of memory pressure for the governor. See the module docstring."""
+    """Rate-limited worst-of memory pressure for the governor (see the module docstring for when it reads).
+
+    Sources (each a zero-argument callable returning a sensor record or None; tests inject fakes).
+    Each reading has a measure: the byte count a memory model of this job would predict there.
+    - "allocator": `edgebatch.sensors.read_allocator(device)` -> .current_bytes. Measure
+      "allocator_peak". Pressure = current / budget_bytes (on a GPU without a budget: / the GPU's
+      NVML total). The allocator holds only this training's memory, so others use 0 under it; own =
+      max(current, peak).
+    - "gpu" (GPU devices only): `edgebatch.sensors.read_gpu_memory(nvml_index)`. Measure
+      "allocator_peak". Pressure = used / total, all processes included; others = used - our
+      allocator's peak bytes (TensorFlow's GPU allocator keeps its pool at about the peak, so the peak
+      estimates what NVML counts as ours). TensorFlow reserves most of a GPU up front unless memory
+      growth is on, which makes this read ~1.0 always: enable memory growth
+      (edgebatch.sensors.enable_memory_growth) or leave it out.
+    - "host": `edgebatch.sensors.read_host_memory()`. Measure "process_peak". Pressure =
+      used_fraction (RAM and cgroup, the worse); limit = limit_bytes; others = (limit -
+      available_to_process) - process RSS; own = process RSS. Its PSI `some_avg10` is passed through
+      as `psi_some_avg10`.
+    The observation's pressure is the worst source's (the whole device, for logs). Its room reading
+    (limit_bytes, used_bytes = what others use, measure, own_bytes) is the one with the least room
+    (limit - others) among the readings in the reader's `measure` (default: "process_peak" on CPU,
+    "allocator_peak" on GPU, the probe's measure there, so a profile's memory model applies to it);
+    without a reading in that measure, the worst source's. The policy decides on the room (policy.py),
+    not on the whole-device fraction that this job's own cached pools keep high.
+    """
 
     def __init__(
         self,
@@ -91,7 +97,7 @@ class PressureReader:
         self.device = f"{self.device_kind}:{self.device_index}"
         if measure is not None and measure not in MEASURES:
             raise ValueError(f"measure must be one of {', '.join(MEASURES)} or None, got {measure!r}")
-        #: The measure whose room the observation reports (the memory model's, see the module doc).
+        #: The measure whose room the observation reports (the memory model's, see the class docstring).
         self.measure = measure or ("process_peak" if self.device_kind == "CPU" else "allocator_peak")
         if budget_bytes is not None and not _is_integer_at_least(budget_bytes, 1):
             raise ValueError(f"budget_bytes must be a positive integer or None, got {budget_bytes!r}")

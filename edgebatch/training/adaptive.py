@@ -4,17 +4,14 @@ edgebatch.adapt's pure controller.
 Per optimizer update the loop asks `AdaptiveBatch` for the effective batch (examples to take),
 the micro-batch to split them with (the memory governor's, and small enough for at least
 config.min_pieces_per_update pieces) and the learning-rate multiplier; after the pieces ran it
-hands over what the steps measured (steps.py "Statistics": each piece's squared gradient norm and
-per-example losses, the accumulated gradient's norm and its dot product with the previous
-update's), and `observe` turns them into one `UpdateMeasurement` for the controller, with one
-host read of a few scalars and the update's losses.
+hands over what the steps measured (steps.AccumulatingSteps._update_statistics), and `observe`
+turns them into one `UpdateMeasurement` for the controller, with one host read of a few scalars.
 
-The effective batch is counted in examples. A piece's gradient in the accumulators is its share
-of the update's objective, sum(piece losses) / update_examples (+ regularization x share), so the
-piece's own mean gradient is that x update_examples / piece_examples: its squared norm is scaled
-by (update_examples / piece_examples)^2. Regularization losses are part of every gradient here
-(the controller sees the gradient the optimizer applies); the per-example losses for drift and
-plateau leave them out, as UpdateRecord.loss does.
+The effective batch is counted in examples. A piece's gradient in the accumulators is its share of
+the update's objective, sum(piece losses) / update_examples (+ regularization x share), so its own
+mean gradient's squared norm is scaled by (update_examples / piece_examples)^2. Regularization
+losses are part of every gradient here (the controller sees the gradient the optimizer applies);
+the per-example losses for drift and plateau leave them out, as UpdateRecord.loss does.
 """
 
 from __future__ import annotations

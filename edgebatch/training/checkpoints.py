@@ -1,20 +1,16 @@
 """Checkpoints that let governed training resume at the next unprocessed example.
 
 One `tf.train.Checkpoint` holds the model, the optimizer, the data position (epoch, examples
-consumed in it, updates, examples seen), the governor's state as a JSON string variable and the
-base learning rate (the optimizer's own variable holds the *scaled* one in elastic mode), and the
-model's own variables listed one by one (`_model_variables`): BatchNormalization's moving
-statistics and the random-number state of every Keras 3 layer (each SeedGenerator's state: Dropout,
-random augmentation layers), plus TensorFlow's global `tf.random.Generator` (the one in use when
-fit starts), so a resumed run draws the same dropout masks and noise as an uninterrupted one. Not
-saved: stateful random ops without a generator (tf.random.uniform in a layer), whose state lives in
-the op's kernel; Keras 3 layers do not use them. Keeping
-all of it in one checkpoint (not a sidecar file) means a kill between two writes can never pair a
-model with another update's governor or position. Checkpoints are written only at update
-boundaries, where the gradient accumulators are zero, so they are not saved. With an adaptive
-batch (fit's `adapt=`) the checkpoint also holds the controller's state as JSON and the previous
-update's gradient (`extra_variables`), so the statistics resume where they were; such a
-checkpoint and one without them do not restore into each other (a TrainingError says so).
+consumed in it, updates, examples seen), the governor's state as a JSON string variable, the base
+learning rate (the optimizer's own variable holds the *scaled* one in elastic mode), the model's
+own variables one by one (`_model_variables`: BatchNormalization statistics, every Keras 3
+SeedGenerator's state) and TensorFlow's global `tf.random.Generator`, so a resumed run draws the
+same dropout masks and noise as an uninterrupted one. Not saved: stateful random ops without a
+generator (tf.random.uniform in a layer), which Keras 3 layers do not use. All of it in one
+checkpoint means a kill between two writes can never pair a model with another update's governor
+or position. Written only at update boundaries, where the gradient accumulators are zero. With an
+adaptive batch it also holds the controller's state and the previous update's gradient
+(`extra_variables`); such a checkpoint and one without them do not restore into each other.
 """
 
 from __future__ import annotations

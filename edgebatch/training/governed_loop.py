@@ -1,97 +1,16 @@
 """`_GovernedLoop`: the loop `fit` (loop.py) runs, whose micro-batch a Governor sets, update by update.
 
-Recipe of one optimizer update (see `_GovernedLoop._run_update`):
-1. take the next `decision.effective_batch` examples of the epoch (fewer at its end);
-2. split them into micro-batches of the governor's size (`split_micro_batches`) and run the
-   accumulating micro-step on each (steps.py: exact mean-loss gradients whatever the split);
-3. on ResourceExhaustedError (real, or injected by injection.py) tell the governor
-   (`on_oom(size)`), and re-split what is left of the update, starting with the failed examples,
-   at the governor's new size; gradients already accumulated stay (a failed micro-step adds
-   nothing), so no example is lost or counted twice; if the governor cannot shrink any more, save
-   a checkpoint (when a directory is given) and raise TrainingError;
-4. apply the accumulated gradients once, read memory pressure, let the governor observe the
-   update, log it, and checkpoint when due.
+One optimizer update (`_GovernedLoop._run_update`): take the next `decision.effective_batch`
+examples, split them into micro-batches of the governor's size and run the accumulating micro-step
+on each (steps.py: exact mean-loss gradients whatever the split); on ResourceExhaustedError tell
+the governor and re-split what is left at its new size, keeping the gradients already accumulated,
+so no example is lost or counted twice; then apply the gradients once, read memory pressure, let
+the governor observe the update, log it, and checkpoint when due. A run resumed from a checkpoint
+ends with the weights of an uninterrupted one when the data order is fixed.
 
-Resume: with `checkpoint_dir` holding a checkpoint, fit restores model (every variable: weights,
-BatchNormalization statistics, Keras 3 SeedGenerator states), the global tf.random.Generator's
-state, optimizer, governor and the data position and continues at the next unprocessed example
-(`dataset.skip`, which re-reads the epoch up to there), ending with the weights of an uninterrupted
-run, provided the dataset yields the same order in every epoch and every process: a shuffle that
-reshuffles each iteration or has no seed, and an unseeded random op, are refused (data.py; a random
-order made where the graph does not show it, e.g. in a Python generator, is the caller's to keep
-fixed). `epochs` and `max_updates` count the whole run, including what the checkpoint already did.
-
-Exactness: each update's gradient is the mean over the whole effective batch whatever the split
-(steps.py), except with BatchNormalization, which normalizes each micro-batch by its own
-statistics (fit's `batch_norm` option and FitReport.exactness), and random layers (Dropout), which
-draw masks per micro-step: a split update draws other, equally distributed masks than one step
-over the whole batch (exactness "random_draws_per_micro_batch"). With seeded layers a run is
-reproducible for a given sequence of splits.
-
-MirroredStrategy (replicas.py, steps.py): with the model (and optimizer) built under
-`tf.distribute.MirroredStrategy().scope()`, fit trains on all replicas; call it inside or outside
-the scope. The governor's micro-batch is the GLOBAL micro-batch: it decides once per update in
-Python, so every replica applies the same decision, and its sizes are multiples of the replica
-count (GovernorConfig multiple and min_batch; the default governor is `mirrored_governor_config`,
-whose ceiling is the effective batch rounded down to a multiple; a given governor that allows other
-sizes is refused). Each micro-step runs every replica on an even share of the piece (only an
-update's last piece can be uneven: shares differ by one); each replica adds sum(its losses) /
-update_examples to its own accumulators and the optimizer sums them across replicas once per
-update, so the update equals the plain loop's mean over the update as above. Per-replica shares are
-at most ceiling / replicas: pass the smallest device's ceiling times the replica count
-(`replicas.global_ceiling`); unequal shares for unequal devices are not supported. An OOM in any
-replica fails the whole micro-step (no replica adds anything: the accumulator updates wait for a
-scalar all-reduce of every replica's readiness) and the retry shrinks all replicas together;
-injected OOMs (injection.py) fail the last replica's step with a real allocation failure inside
-its graph (which takes ~10 s on CPU: TensorFlow's allocator waits for memory before it gives up).
-Checkpoints hold the mirrored variables and resume as above. BatchNormalization under a strategy
-normalizes each replica's share by its own statistics (the per-replica batch is the global piece /
-replicas), so it is further from the plain loop than without one; fit's batch_norm options apply
-unchanged. Layers that synchronise statistics across replicas (BatchNormalization(synchronized=True),
-tf_keras SyncBatchNormalization) use the global piece's statistics; fit treats them like any
-BatchNormalization (untested). Tested on two logical CPU devices; multi-GPU runs (NCCL all-reduce)
-are not tested here.
-
-MultiWorkerMirroredStrategy (workers.py, worker_loop.py): one device per worker process; each
-worker trains its share of every update (even, or `worker_shares`) with local accumulation and
-local OOM retries, and the workers exchange one small status per update before the optimizer's
-all-reduce; decisions are lockstep (worst pressure wins) without `worker_shares`, each worker's
-own with them. Updates equal the plain loop's (tests/test_training_multi_worker.py).
-
-Adaptive batch (`adapt=AdaptConfig(...)`, adaptive.py, edgebatch/adapt/): the statistical policy
-sets each update's effective batch (starting at `effective_batch`) from the gradient noise scale,
-direction agreement between updates, loss plateaus, the LR schedule's phase and drift, and the
-LR multiplier for it (config.lr_rule); the governor (mode "fixed") still sets the micro-batch, and
-each update is split into at least config.min_pieces_per_update pieces (so every update measures
-the noise scale) of at most the governor's size. Growth above the governor's ceiling is reached
-by accumulation, and the governor's micro-batch never exceeds min(its ceiling, its
-config.effective_batch): build it with config.effective_batch >= the largest batch you allow the
-policy (adapt's max_effective_batch_samples) to let micro-batches grow with it. Each update is
-still exactly the plain loop's step over its examples (the split does not matter, as above), so
-an adaptive run equals a plain loop fed the same sequence of batch sizes and rates
-(tests/test_training_adapt.py). Costs: one more copy of the trainable variables (the previous
-update's gradient), a few reductions per piece and one small host read per update. A checkpoint
-holds the controller and that copy, so a resumed run decides as an uninterrupted one. Not under
-MirroredStrategy. With variable-length examples every update is sorted by length before it is
-split (sequences.py), so its pieces are not independent draws: each piece's mean gradient is
-that of its own lengths, and the noise scale's small-batch norm counts the difference between
-lengths as noise too (not measured; the controller's other signals do not use the pieces). With
-`length_ceilings` the pieces are cut by length and capped by adapt's piece bound in examples, and
-the decision's micro-batch and accumulation in the logs are in the governor's units (examples at
-the shortest probed length), not the pieces' sizes, which UpdateRecord.micro_batches gives.
-
-TFMOT models (tf_keras): a pruned model (prune_low_magnitude) advances its pruning schedule once
-per optimizer update, as the plain loop with UpdatePruningStep does, whatever the split (pruning.py;
-no callback needed), and its updates are exact. A quantization-aware model (quantize_model) tracks
-activation ranges from each micro-batch in its forward pass, so, like BatchNormalization, it is
-listed in FitReport.batch_norm_layers and its exactness is "micro_batch_statistics".
-
-Only OOMs that TensorFlow raises can be recovered. On CPU with TensorFlow's default oneDNN kernels,
-running out of address space can crash the process instead (docs/tensorflow-memory.md, "oneDNN
-convolutions can crash"; the RLIMIT_AS test runs with TF_ENABLE_ONEDNN_OPTS=0 for that reason), and
-a cgroup memory limit SIGKILLs it; for those, checkpoints are the recovery. Layers that write state
-in the forward pass (BatchNormalization's moving statistics, a SeedGenerator) see a
-failed-and-retried micro-batch twice.
+docs/training-design.md, "governed_loop", says how exact an update is (BatchNormalization, Dropout,
+TFMOT), how resume works, how the loop runs under MirroredStrategy, MultiWorkerMirroredStrategy
+and an adaptive batch, and which OOMs it can recover from.
 """
 
 from __future__ import annotations
@@ -286,6 +205,19 @@ class _GovernedLoop:
         return path
 
     def _run_update(self, buffer: ExampleBuffer) -> None:
+        """One optimizer update.
+
+        1. Take the next `decision.effective_batch` examples of the epoch (fewer at its end).
+        2. Split them into micro-batches of the governor's size (`split_micro_batches`) and run the
+           accumulating micro-step on each (steps.py: exact mean-loss gradients whatever the split).
+        3. On ResourceExhaustedError (real, or injected by injection.py) tell the governor
+           (`on_oom(size)`) and re-split what is left of the update, starting with the failed
+           examples, at its new size; gradients already accumulated stay (a failed micro-step adds
+           nothing), so no example is lost or counted twice. If the governor cannot shrink any
+           more, save a checkpoint (when a directory is given) and raise TrainingError.
+        4. Apply the accumulated gradients once, read memory pressure, let the governor observe the
+           update, log it, and checkpoint when due.
+        """
         decision = self.governor.decision
         if self.callbacks is not None:
             self.callbacks.on_train_batch_begin(self.batch_in_epoch)

@@ -5,45 +5,13 @@
 
 `enable_micro_batching` replaces the model's `train_step` (on that instance only) with one that
 splits each fit batch into micro-batches of `controller.micro_batch` (a tf.Variable read inside the
-compiled step, so a new size never retraces), accumulates exact mean-loss gradients (each piece's
-loss, as `compute_loss` returns it, weighted by piece size / batch size; regularization losses come
-out once; sparse Embedding gradients stay sparse) and applies them once. Metrics and the loss shown by fit are updated piece by piece and
-equal a whole-batch step's. The callback (`GovernorCallback` for Keras 3, `TfKerasGovernorCallback`
-for tf_keras; `controller.callback()` picks) feeds the governor after every batch from a
-PressureReader and the batch time, and writes its decision into the variable. That batch time
-includes reading the batch: model.fit's compiled train function takes it from the dataset
-iterator itself (edgebatch.training.fit times the step without the input wait). A model with an
-input axis of unknown size besides the batch (token sequences, `Input((None,))`) trains batches
-whose time follows their shape, so the governor gets no batch time from it (as in fit: its
-slow-step rule would read a long batch as pressure).
-
-Works with Keras 3 (`import keras`) and tf_keras (`import tf_keras`) models; `_KERAS3`/`_TF_KERAS`
-hold the few calls that differ. Mixed precision works (the loss-scale optimizer sees one
-accumulated gradient per batch). BatchNormalization normalizes each micro-batch by its own
-statistics: enable_micro_batching warns and names the layers (`controller.batch_norm_layers`).
-MirroredStrategy (model compiled in its scope): model.fit runs this train_step on every replica with
-its share of the batch; the governor's micro-batch is global (GovernorConfig multiple and min_batch
-multiples of the replica count, else refused) and each replica splits its share into pieces of
-micro_batch / replicas, so every replica applies the same decision. Keras scales each replica's
-loss by 1 / replicas and the optimizer sums the replicas' gradients once per batch, as in Keras's
-own train_step, so a batch equals plain model.fit's under the same strategy (and the plain loop's
-when fit's batches split evenly over the replicas). An OOM in one replica ends model.fit as below;
-`controller.on_oom()` then shrinks all replicas together. Other strategies are refused.
-TFMOT: a pruned model (with UpdatePruningStep among fit's callbacks, as TFMOT requires) advances
-its pruning step once per batch, not once per piece: each piece's forward pass starts from the
-batch's step. Not supported: XLA (`jit_compile=True`:
-dynamic micro-batch slices in a loop do not compile; enable_micro_batching turns it off), the
-governor's elastic mode (fit's batch size is fixed; use edgebatch.training.fit).
-
-What OOM recovery is possible inside model.fit, and what is not:
-- A micro-batch change takes effect at the next train_step (the callback runs between batches).
-- An OOM inside fit's compiled train_step cannot be retried in place: a graph has no try/except,
-  and Keras ends fit with the ResourceExhaustedError. The batch that failed has not changed the
-  weights (gradients are applied after the last piece), but metrics may hold part of it, and the
-  epoch's position is lost. What you can do: catch the error around fit, call
-  `controller.on_oom()` (shrinks the micro-batch now) and call fit again, e.g. from the failed
-  epoch (`initial_epoch`); that epoch's earlier batches are then trained on twice. For exact
-  in-place recovery, use `edgebatch.training.fit`.
+compiled step, so a new size never retraces), accumulates exact mean-loss gradients and applies
+them once; metrics and the loss shown by fit equal a whole-batch step's. The callback
+(`GovernorCallback` for Keras 3, `TfKerasGovernorCallback` for tf_keras; `controller.callback()`
+picks) feeds the governor after every batch and writes its decision into the variable. An OOM
+inside fit cannot be retried in place (`MicroBatchController.on_oom` says what can be done). Works
+with Keras 3 and tf_keras; what is supported (mixed precision, BatchNormalization, MirroredStrategy,
+TFMOT, XLA): enable_micro_batching.
 """
 
 from __future__ import annotations
@@ -181,7 +149,16 @@ class MicroBatchController:
         return self._apply(self.governor.observe(observation), observation.pressure)
 
     def on_oom(self, micro_batch: int | None = None) -> Decision:
-        """A fit batch ran out of memory (caught around model.fit): shrink the micro-batch now."""
+        """A fit batch ran out of memory (caught around model.fit): shrink the micro-batch now.
+
+        A micro-batch change takes effect at the next train_step (the callback runs between
+        batches). An OOM inside fit's compiled train_step cannot be retried in place: a graph has no
+        try/except, and Keras ends fit with the ResourceExhaustedError. The batch that failed has not
+        changed the weights (gradients are applied after the last piece), but metrics may hold part
+        of it, and the epoch's position is lost. So catch the error around fit, call this, and call
+        fit again, e.g. from the failed epoch (`initial_epoch`); that epoch's earlier batches are
+        then trained on twice. For exact in-place recovery, use `edgebatch.training.fit`.
+        """
         size = self.governor.decision.micro_batch if micro_batch is None else micro_batch
         return self._apply(self.governor.on_oom(size), None)
 
@@ -215,6 +192,36 @@ def enable_micro_batching(
 
     The governor's `effective_batch` should be fit's `batch_size`; its mode must be "fixed".
     Returns the controller; pass `controller.callback()` to fit.
+
+    Each piece's loss, as `compute_loss` returns it, is weighted by piece size / batch size;
+    regularization losses come out once; sparse Embedding gradients stay sparse. Metrics and fit's
+    loss are updated piece by piece. The callback's batch time includes reading the batch
+    (model.fit's compiled train function takes it from the dataset iterator itself;
+    edgebatch.training.fit times the step without the input wait). A model with an input axis of
+    unknown size besides the batch (token sequences, `Input((None,))`) trains batches whose time
+    follows their shape, so the governor gets no batch time from it (its slow-step rule would read
+    a long batch as pressure).
+
+    Works with Keras 3 (`import keras`) and tf_keras (`import tf_keras`) models; `_KERAS3`/`_TF_KERAS`
+    hold the few calls that differ.
+    - Mixed precision works (the loss-scale optimizer sees one accumulated gradient per batch).
+    - BatchNormalization normalizes each micro-batch by its own statistics: this warns and names the
+      layers (`controller.batch_norm_layers`).
+    - MirroredStrategy (model compiled in its scope): model.fit runs this train_step on every
+      replica with its share of the batch; the governor's micro-batch is global (GovernorConfig
+      multiple and min_batch multiples of the replica count, else refused) and each replica splits
+      its share into pieces of micro_batch / replicas, so every replica applies the same decision.
+      Keras scales each replica's loss by 1 / replicas and the optimizer sums the replicas'
+      gradients once per batch, as in Keras's own train_step, so a batch equals plain model.fit's
+      under the same strategy (and the plain loop's when fit's batches split evenly over the
+      replicas). An OOM in one replica ends model.fit; `controller.on_oom()` then shrinks all
+      replicas together. Other strategies are refused.
+    - TFMOT: a pruned model (with UpdatePruningStep among fit's callbacks, as TFMOT requires)
+      advances its pruning step once per batch, not once per piece: each piece's forward pass
+      starts from the batch's step.
+    - Not supported: XLA (`jit_compile=True`: dynamic micro-batch slices in a loop do not compile;
+      this turns it off), the governor's elastic mode (fit's batch size is fixed; use
+      edgebatch.training.fit).
     """
     if not isinstance(governor, Governor):
         raise UsageError(f"governor must be an edgebatch.governor.Governor, got {governor!r}")
@@ -365,7 +372,7 @@ class _CallbackLogic:
 
 
 class GovernorCallback(_CallbackLogic, keras.callbacks.Callback):
-    """Keras 3 callback: feeds the governor after every training batch (see the module docstring)."""
+    """Keras 3 callback: feeds the governor after every training batch (MicroBatchController.observe_batch)."""
 
 
 @functools.cache

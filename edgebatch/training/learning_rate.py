@@ -4,16 +4,14 @@ In elastic mode the effective batch moves, and the governor says how to scale th
 tuned for the target batch (linear for SGD, sqrt for Adam; docs/tensorflow-memory.md, "Formulas").
 The base rate is read once and every scale is applied to it (never to the current, already scaled,
 value), so scales do not compound; a checkpoint stores the base because the optimizer's variable
-holds the scaled value.
-`restore()` puts the base back when fit returns, so a second fit call (or the user's own loop)
-starts from the tuned rate, not from the last scaled one.
+holds the scaled value. `restore()` puts the base back when fit returns, so a second fit call (or
+the user's own loop) starts from the tuned rate, not from the last scaled one.
 
 A LearningRateSchedule (Keras 3 or tf_keras) is scaled, not replaced: the scaler installs
 edgebatch.adapt.scaled_schedule's wrapper (schedule(step) x a factor variable) as the optimizer's
 rate and `apply` sets the factor, so warm-up and decay keep their shape. It must be constructed
-before the training step is traced (a traced step keeps the schedule object it saw), as fit does.
-A schedule has no single base rate: `base_learning_rate` stays None (the checkpoint stores NaN) and
-`restore()` puts the original schedule object back.
+before the training step is traced, as fit does. A schedule has no single base rate:
+`base_learning_rate` stays None (the checkpoint stores NaN) and `restore()` puts it back.
 """
 
 from __future__ import annotations

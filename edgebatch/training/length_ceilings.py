@@ -6,31 +6,10 @@ variable-length examples sorted by length within each update (sequences.py); wit
 `LengthCeilings` it cuts the update into pieces whose size follows the length of the examples in
 them, instead of one micro-batch size for every piece.
 
-The rules, all pure (no TensorFlow, no numpy):
-
-- Buckets come from the profile. The probed lengths are the bucket boundaries: an example of L
-  tokens falls in the bucket of the shortest probed length >= L and gets that length's ceiling
-  (`ceiling_at`). A piece is padded only to its own longest example, never past its bucket's
-  boundary, so it needs at most the memory the probe measured at that boundary (memory grows with
-  length). No prediction between probed lengths is trusted: the token memory model put an
-  unprobed length 5.9% low in BENCHMARKS.md, which would be an unsafe ceiling.
-- Beyond the longest probed length `Lmax` the ceiling is C(Lmax) x (Lmax / L)^2, rounded down (at
-  least 1). Per-example memory of the form a x L + b x L^2 (a, b >= 0: the token memory model's
-  form) grows by at most (L / Lmax)^2 from Lmax to L, so this never exceeds the real ceiling.
-- The governor keeps deciding one number, its micro-batch g, and g over the largest it may decide
-  (`upper`: the smaller of its ceiling_batch and effective batch) is the share of memory it
-  allows. A piece whose longest example falls in bucket L may hold g / upper x C(L) examples
-  (`piece_limit`), rounded down, at least one: the same share of the ceiling at every length.
-  Without pressure that is each length's whole ceiling; under pressure the governor shrinks g and
-  every length's pieces shrink with it. The finer the governor's steps, the further a piece of
-  short examples can shrink before g reaches 1: fit's default governor has ceiling_batch =
-  `reference_ceiling`, the ceiling at the shortest probed length (the largest).
-- A piece that runs out of memory is told to the governor in its units (`governor_size`): n
-  examples at length L count as n / C(L) x upper, rounded up, at most the running micro-batch.
-- A cap in examples (`split`'s `max_examples`) bounds every piece besides: with an adaptive batch
-  that is the controller's bound that keeps at least two pieces per update (training/adaptive.py),
-  which the governor's share alone does not give where the short lengths' ceilings hold a whole
-  update.
+The rules, all pure (no TensorFlow, no numpy): buckets come from the probed lengths and nothing
+between them is predicted (`ceiling_at`); the governor's micro-batch is a share of every length's
+ceiling (`piece_limit`); a piece that runs out of memory is told to the governor in its units
+(`governor_size`); `split` cuts an update into pieces.
 """
 
 from __future__ import annotations
@@ -98,7 +77,20 @@ class LengthCeilings:
         return max(ceiling for _, ceiling in self.table)
 
     def ceiling_at(self, length: int) -> int:
-        """The ceiling for a piece whose longest example has `length` tokens (module docstring)."""
+        """The ceiling for a piece whose longest example has `length` tokens.
+
+        The probed lengths are the bucket boundaries: an example of L tokens falls in the bucket of
+        the shortest probed length >= L and gets that length's ceiling. A piece is padded only to
+        its own longest example, never past its bucket's boundary, so it needs at most the memory
+        the probe measured at that boundary (memory grows with length). No prediction between
+        probed lengths is trusted: the token memory model put an unprobed length 5.9% low in
+        BENCHMARKS.md, which would be an unsafe ceiling.
+
+        Beyond the longest probed length `Lmax` the ceiling is C(Lmax) x (Lmax / L)^2, rounded down
+        (at least 1). Per-example memory of the form a x L + b x L^2 (a, b >= 0: the token memory
+        model's form) grows by at most (L / Lmax)^2 from Lmax to L, so this never exceeds the real
+        ceiling.
+        """
         for boundary, ceiling in self.table:
             if length <= boundary:
                 return ceiling
@@ -108,12 +100,22 @@ class LengthCeilings:
     def piece_limit(self, governor_micro_batch: int, length: int, upper: int) -> int:
         """Examples a piece may hold when its longest example has `length` tokens: the governor's
         share (micro-batch over `upper`) of that length's ceiling, never above the ceiling itself,
-        at least 1."""
+        at least 1.
+
+        The governor keeps deciding one number, its micro-batch g, and g over the largest it may
+        decide (`upper`: the smaller of its ceiling_batch and effective batch) is the share of memory
+        it allows: the same share of the ceiling at every length. Without pressure that is each
+        length's whole ceiling; under pressure every length's pieces shrink with g. The finer the
+        governor's steps, the further a piece of short examples can shrink before g reaches 1: fit's
+        default governor has ceiling_batch = `reference_ceiling`.
+        """
         ceiling = self.ceiling_at(length)
         return max(1, min(ceiling, math.floor(governor_micro_batch * ceiling / upper)))
 
     def governor_size(self, examples: int, length: int, running_micro_batch: int, upper: int) -> int:
-        """A piece of `examples` at `length` in the governor's units (at most `running_micro_batch`)."""
+        """A piece of `examples` at `length` in the governor's units (at most `running_micro_batch`):
+        n examples at length L count as n / C(L) x upper, rounded up. How a piece that ran out of
+        memory is told to the governor."""
         size = math.ceil(examples * upper / self.ceiling_at(length))
         return max(1, min(size, running_micro_batch))
 
@@ -121,7 +123,11 @@ class LengthCeilings:
               max_examples: int | None = None) -> list[int]:
         """Piece sizes for consecutive examples of these lengths: each piece as large as the limit at
         its longest example allows, and at most `max_examples` (greedy; fit passes an update in
-        order of length, where this packs best). The sizes sum to len(lengths)."""
+        order of length, where this packs best). The sizes sum to len(lengths).
+
+        With an adaptive batch `max_examples` is the controller's bound that keeps at least two
+        pieces per update (training/adaptive.py), which the governor's share alone does not give
+        where the short lengths' ceilings hold a whole update."""
         cap = math.inf if max_examples is None else max(1, int(max_examples))
         sizes = []
         start = 0

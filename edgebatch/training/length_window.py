@@ -1,27 +1,13 @@
 """Updates of similar lengths: examples sorted by length over a window longer than one update.
 
-Sorting inside one update (sequences.py) pads each piece only to its own longest example, but an
-update of consecutive examples still mixes short and long ones. With fit's `length_window_examples`
-the dataset is read in windows of that many consecutive examples; each window is sorted by length
-(stable) and cut into updates (`effective_batch` examples each, or in tokens with
-`batch_unit="tokens"`), so an update holds examples of similar length and its pieces pad little.
-The window's updates then run in a shuffled order, so training does not walk from the shortest
-examples to the longest inside every window.
-
-Why a window and not tf.data's `bucket_by_sequence_length`: which examples tf.data puts in a batch
-depends on when each bucket fills, which a checkpoint cannot name. Here an update's examples follow
-from the window's lengths alone, and the shuffle's seed from (epoch, window index), so resuming
-needs nothing but the examples already consumed in the epoch (Progress.examples_in_epoch): the
-window that holds that position is read again and the updates it already ran are skipped
-(`updates_done`). That holds when the dataset yields the same order every epoch and in every
-process, which fit checks when checkpoint_dir is given.
-
-What changes and what does not. Every example of the epoch is still used exactly once per epoch,
-and each update's gradient is still the exact mean over its examples; what changes is which
-examples share an update, so a run with a window is not the same run as one without (the window
-of examples is a smaller-scale reordering of the data, like a shuffle buffer). The last window of
-an epoch may be short; in examples, every update of a window holds `effective_batch` examples but
-the last one of the epoch's last window.
+With fit's `length_window_examples` the dataset is read in windows of that many consecutive
+examples; each window is sorted by length (stable) and cut into updates (`effective_batch`
+examples each, or in tokens with `batch_unit="tokens"`), so an update holds examples of similar
+length and its pieces pad little. The window's updates then run in a shuffled order seeded by
+(epoch, window index), so a resumed run reads the window holding its position again and skips
+the updates it already ran (`updates_done`). Every example is still used once per epoch and each
+update's gradient is still the exact mean over its examples; which examples share an update
+changes. Why a window and not tf.data's bucketing: docs/training-design.md, "length_window".
 
 Pure logic: `plan_window` and `updates_done` take lengths and counts; `WindowedExamples` wraps
 data.ExampleBuffer and uses only numpy.
@@ -87,7 +73,7 @@ def updates_done(plan: list[list[int]], consumed_examples: int) -> int:
 
 class WindowedExamples:
     """ExampleBuffer's `take`/`take_tokens`/`at_end`/`pop_read_seconds`, each update taken from a
-    length-sorted window (module docstring). `buffer` must start at the window holding
+    length-sorted window (module docstring; window_seed for the shuffle). `buffer` must start at the window holding
     `consumed_in_epoch` (its skip is `window_start(consumed_in_epoch)`)."""
 
     def __init__(self, buffer: Any, window_examples: int, update_size: int, count_tokens: bool, epoch: int,

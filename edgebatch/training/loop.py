@@ -91,7 +91,7 @@ def fit(
     last piece of an update is smaller unless effective_batch is a multiple of the micro-batch);
     "refuse" raises UsageError. The FitReport says which layers and what exactness held.
     Under tf.distribute.MirroredStrategy (model and optimizer built in its scope) micro-batches are
-    global, a multiple of the replica count, split evenly over the replicas (governed_loop.py's docstring);
+    global, a multiple of the replica count, split evenly over the replicas (docs/training-design.md, "MirroredStrategy");
     FitReport.replicas says how many. Other strategies are refused.
     Under tf.distribute.MultiWorkerMirroredStrategy (one device per worker process, every worker
     calling fit on the same dataset in the same order) each worker trains on its share of every
@@ -100,7 +100,7 @@ def fit(
     its micro-batch; without it shares are even and the workers' governors decide in lockstep
     (worst pressure wins). No checkpoint_dir there yet.
     `adapt`: an edgebatch.adapt.AdaptConfig turns on the statistical batch policy
-    (governed_loop.py's docstring, "Adaptive batch"): `effective_batch` is then where it starts, and the policy moves
+    (docs/training-design.md, "Adaptive batch"): `effective_batch` is then where it starts, and the policy moves
     it from the gradient statistics; the governor (mode "fixed") still bounds every micro-batch.
     The optimizer's base learning rate is put back when fit returns (elastic mode scales it).
     `length_ceilings`: for examples of variable length (a token axis of unknown size), the ceiling at

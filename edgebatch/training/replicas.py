@@ -2,19 +2,17 @@
 
 Under a strategy, fit's micro-batch is the GLOBAL micro-batch: one micro-step runs it on all
 replicas at once, each replica on its share. The governor decides once per update in Python, so
-every replica applies the same decision; these functions keep that decision legal:
+every replica applies the same decision; these functions keep that decision legal (no TensorFlow
+here; table-tested in tests/test_training_mirrored.py):
 
 - the governor's sizes are multiples of the replica count (GovernorConfig.multiple a multiple of
   it, min_batch at least it), so every governed piece splits evenly (`replica_shares`);
 - the per-device ceiling bounds each replica's share, so the global ceiling is the smallest
   per-device ceiling times the replica count (`global_ceiling`): synchronous replicas wait for the
   slowest, and an even split cannot give a larger device more;
-- only the last piece of an update can be uneven: an update whose example count is not a multiple
-  of the replicas (the end of an epoch, or an effective batch that is not one) ends with a piece
-  that is split as evenly as possible (shares differ by at most one, a share may be 0). The
-  update's gradient stays exact: each replica adds sum(its losses) / update_examples.
-
-No TensorFlow here (table-tested in tests/test_training_mirrored.py).
+- only the last piece of an update can be uneven (the end of an epoch, or an effective batch that
+  is not a multiple): shares differ by at most one, a share may be 0, and the update's gradient
+  stays exact: each replica adds sum(its losses) / update_examples.
 """
 
 from __future__ import annotations

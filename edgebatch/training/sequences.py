@@ -1,18 +1,10 @@
 """Variable-length examples in fit: kept unpadded, sorted by length within an update, padded per piece.
 
 A dataset whose examples have a variable axis (element spec TensorSpec([None], ...) for a token
-sequence) cannot be read with `dataset.batch`. ExampleBuffer reads it with `ragged_batch` and keeps
-each variable-length component as a numpy object array of per-example arrays (`ragged_rows`).
-Before an update is split, its examples are put in order of length (`length_order`, stable), so each
-micro-batch holds examples of similar length. Each piece is then padded with zeros only to its own
-longest example (`pad_rows`), where one batch of the whole update would pad to the update's longest.
-
-Exactness. The update's gradient is a sum over its examples, so the order inside the update does
-not change it, beyond float rounding. The padding does not change it either, as long as the model
-ignores padded positions: token id 0 masked, as in the zoo's transformer_tiny and lstm_small, whose
-logits move by under 1e-5 with padding (tests/test_text_models.py). A model that reads its padding
-is the caller's to fix. The loss is the mean over examples, each example's loss being the model's
-over its real tokens. Numpy only.
+sequence) is read with `ragged_batch` into per-example arrays (`ragged_rows`). Before an update is
+split its examples are put in order of length (`length_order`, stable), and each piece is padded
+with zeros only to its own longest example (`pad_rows`). The update's gradient is unchanged as long
+as the model ignores padded positions (pad_rows says why). Numpy only.
 
 With fit's `length_ceilings` the pieces follow the lengths (length_ceilings.py), and with
 `batch_unit="tokens"` an update takes examples until their lengths (`example_lengths`) reach the
@@ -43,7 +35,14 @@ def ragged_rows(flat_values: np.ndarray, row_splits: np.ndarray) -> np.ndarray:
 
 
 def pad_rows(rows: np.ndarray) -> np.ndarray:
-    """Examples of different lengths (axis 0) stacked, zero-padded to the longest of them."""
+    """Examples of different lengths (axis 0) stacked, zero-padded to the longest of them.
+
+    The update's gradient is a sum over its examples, so sorting it does not change it (beyond
+    float rounding), and neither does this padding as long as the model ignores padded positions:
+    token id 0 masked, as in the zoo's transformer_tiny and lstm_small, whose logits move by under
+    1e-5 with padding (tests/test_text_models.py). A model that reads its padding is the caller's to
+    fix. The loss is the mean over examples, each example's loss the model's over its real tokens.
+    """
     longest = max((len(row) for row in rows), default=0)
     first = rows[0] if len(rows) else np.zeros(0)
     padded = np.zeros((len(rows), longest, *np.shape(first)[1:]), dtype=np.asarray(first).dtype)

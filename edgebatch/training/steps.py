@@ -1,56 +1,15 @@
 """The two compiled steps of governed training: accumulate one micro-batch, apply one update.
 
-Exactness. Each micro-step adds the gradient of
-
-    sum(per-example losses of the micro-batch) / update_examples
-    + regularization losses x micro_examples / update_examples
-
-into accumulator variables, so after the pieces of an update the accumulators hold the gradient of
-the update's mean loss (plus the regularization losses once) whatever the split. The apply step
-hands them to the optimizer and zeroes them.
-
-One trace. `update_examples` is a float32 tensor and the batch dimension of the input signature is
-None, so micro-batches of any size and any split reuse one concrete function
-(docs/tensorflow-memory.md, "tf.function retracing": without an input signature every new batch size
-retraces). The Python loops over variables below run at trace time only; the hot path is one call
-per micro-batch and one per update.
+Exactness. Each micro-step adds the gradient of sum(per-example losses) / update_examples (plus the
+regularization losses x micro_examples / update_examples) into accumulator variables, so after the
+pieces of an update they hold the gradient of the update's mean loss whatever the split; the apply
+step hands them to the optimizer and zeroes them. Under loss scaling a split update can stay finite
+where the whole batch overflows, so which updates are skipped depends on the split (_loss_scale).
 
 OOM safety. Every accumulator update depends on *all* gradients of the micro-batch (a control
-dependency), so a micro-step that runs out of memory anywhere in its forward or backward pass has
-added nothing: the loop can re-run the same examples in smaller pieces. What a failed attempt
-cannot undo is state the forward pass itself writes (BatchNormalization's moving statistics, a
-stateful random generator): those see the retried examples twice.
-
-MirroredStrategy. With a strategy, the accumulators are ON_READ/SUM variables (each replica sums
-its own gradients: no all-reduce per micro-step), the micro-step runs `strategy.run` with the
-global piece and each replica slices its even share (replicas.replica_shares) by its replica id,
-and the apply step runs the optimizer in replica context, where Keras sums the replicas' gradients
-once. OOM safety across replicas: each replica's accumulator updates also wait for a scalar
-all-reduce that completes only once every replica has all its gradients, so a replica that runs
-out of memory leaves every replica's accumulators untouched. Every replica receives the whole
-global piece's input tensor and slices it on its device (input copies are the global piece's
-size, not the share's).
-
-Statistics (`statistics=True`, what fit's adaptive batch needs; edgebatch/adapt/controller.py).
-The micro-step then also returns the squared norm of the piece's gradient contribution and the
-piece's per-example losses, and `update_statistics()` (run after the pieces, before
-`apply_step`) returns |accumulated gradient|^2, its dot product with the previous update's
-accumulated gradient and that one's squared norm, and then stores the current one as the
-previous: one more copy of the trainable variables (`previous`), checkpointed with the run. Not
-supported under a strategy.
-
-Loss scaling (mixed_float16 with a LossScaleOptimizer, Keras 3 or tf_keras). The loss scale
-changes only when an update is applied, so every micro-step of one update uses the same scale S:
-each adds the gradient of S x its objective, the accumulators hold S x the update's gradient, and
-the apply step hands that to the loss-scale optimizer as a plain loop hands it one scaled batch
-gradient (Keras 3 unscales inside apply; tf_keras through get_unscaled_gradients first). A
-non-finite gradient in any piece makes the sum non-finite, so the whole update is skipped and the
-scale lowered, as the plain loop skips that batch. Near the overflow edge the split matters: a
-piece's float16 weight gradient sums fewer examples than the whole batch's, so at the same scale
-a split update can stay finite where the whole batch overflows (measured: pieces of 1 applied an
-update that one 16-example step skipped; tests/test_training_mixed_precision.py), and which
-updates are skipped then differs from the plain loop. Accumulators are float32 (the variables'
-dtype). Statistics divide by S (and S^2) so they describe the unscaled gradient.
+dependency), so a micro-step that runs out of memory anywhere has added nothing: the loop can re-run
+the same examples in smaller pieces. State the forward pass itself writes (BatchNormalization's
+moving statistics, a stateful random generator) sees the retried examples twice.
 
 TensorFlow is imported inside functions so that importing edgebatch.training stays cheap.
 """
@@ -239,6 +198,22 @@ class AccumulatingSteps:
     Each instance (each fit call) traces its own functions, so a process that calls fit five
     times or more sees TensorFlow's "frequent retracing" warning, which counts traces per Python
     function across instances; `traces` is the per-call truth.
+
+    One trace. `update_examples` is a float32 tensor and the batch dimension of the input signature is
+    None, so micro-batches of any size and any split reuse one concrete function
+    (docs/tensorflow-memory.md, "tf.function retracing": without an input signature every new batch size
+    retraces). The Python loops over variables below run at trace time only; the hot path is one call
+    per micro-batch and one per update.
+
+    MirroredStrategy. With a strategy, the accumulators are ON_READ/SUM variables (each replica sums
+    its own gradients: no all-reduce per micro-step), the micro-step runs `strategy.run` with the
+    global piece and each replica slices its even share (replicas.replica_shares) by its replica id,
+    and the apply step runs the optimizer in replica context, where Keras sums the replicas' gradients
+    once. OOM safety across replicas: each replica's accumulator updates also wait for a scalar
+    all-reduce that completes only once every replica has all its gradients, so a replica that runs
+    out of memory leaves every replica's accumulators untouched. Every replica receives the whole
+    global piece's input tensor and slices it on its device (input copies are the global piece's
+    size, not the share's).
     """
 
     def __init__(self, model: Any, loss: Any, optimizer: Any, element_spec: Any, strategy: Any = None,
@@ -323,7 +298,16 @@ class AccumulatingSteps:
         return self._accumulate_piece(x, y, update_examples)
 
     def _update_statistics(self) -> Any:
-        """(|acc|^2, acc . previous, |previous|^2) in float32, then previous := acc (module docstring)."""
+        """(|acc|^2, acc . previous, |previous|^2) in float32, then previous := acc.
+
+    Statistics (`statistics=True`, what fit's adaptive batch needs; edgebatch/adapt/controller.py).
+        The micro-step then also returns the squared norm of the piece's gradient contribution and the
+        piece's per-example losses, and `update_statistics()` (run after the pieces, before
+        `apply_step`) returns |accumulated gradient|^2, its dot product with the previous update's
+        accumulated gradient and that one's squared norm, and then stores the current one as the
+        previous: one more copy of the trainable variables (`previous`), checkpointed with the run. Not
+        supported under a strategy.
+        """
         import tensorflow as tf
 
         self.traces["update_statistics"] = self.traces.get("update_statistics", 0) + 1
@@ -361,7 +345,7 @@ class AccumulatingSteps:
                 objective = self.optimizer.get_scaled_loss(objective)
         gradients = tape.gradient(objective, self.variables)
         gradients = [tf.zeros_like(v) if g is None else g for g, v in zip(gradients, self.variables)]
-        # All gradients exist before any accumulator moves: see "OOM safety" in the module docstring.
+        # All gradients exist before any accumulator moves: "OOM safety" in the module docstring.
         ready = [_tensor_of(g) for g in gradients]
         if barrier is not None:
             ready = [barrier(ready)]
@@ -382,7 +366,21 @@ class AccumulatingSteps:
         return self.strategy.experimental_local_results(per_replica)[0]
 
     def _loss_scale(self) -> Any:
-        """The current loss scale S as a float32 tensor (1 without loss scaling)."""
+        """The current loss scale S as a float32 tensor (1 without loss scaling).
+
+    Loss scaling (mixed_float16 with a LossScaleOptimizer, Keras 3 or tf_keras). The loss scale
+        changes only when an update is applied, so every micro-step of one update uses the same scale S:
+        each adds the gradient of S x its objective, the accumulators hold S x the update's gradient, and
+        the apply step hands that to the loss-scale optimizer as a plain loop hands it one scaled batch
+        gradient (Keras 3 unscales inside apply; tf_keras through get_unscaled_gradients first). A
+        non-finite gradient in any piece makes the sum non-finite, so the whole update is skipped and the
+        scale lowered, as the plain loop skips that batch. Near the overflow edge the split matters: a
+        piece's float16 weight gradient sums fewer examples than the whole batch's, so at the same scale
+        a split update can stay finite where the whole batch overflows (measured: pieces of 1 applied an
+        update that one 16-example step skipped; tests/test_training_mixed_precision.py), and which
+        updates are skipped then differs from the plain loop. Accumulators are float32 (the variables'
+        dtype). Statistics divide by S (and S^2) so they describe the unscaled gradient.
+        """
         import tensorflow as tf
 
         if self.loss_scaling == "keras":

@@ -1,24 +1,10 @@
 """`supervise`: run training in a child process and restart it when it is killed.
 
-Recipe (the decision itself is pure, in restart_policy.py):
-1. delete the running-micro-batch record in `checkpoint_dir` (hard_failure.py), so whatever is
-   there afterwards was written by this child;
-2. start the command as a child in its own session (process group), with
-   `EDGEBATCH_HARD_FAILURE_MICRO_BATCH` set to the size the previous child was running when it
-   died (not set for the first child);
-3. wait; SIGINT/SIGTERM/SIGHUP sent to the supervisor are forwarded to the child, which then is not
-   restarted;
-4. a death by SIGKILL, SIGABRT, SIGSEGV or SIGBUS is restarted (at most `max_restarts` times):
-   the command runs again and `edgebatch.fit(..., checkpoint_dir=...)` resumes from the last
-   checkpoint, its governor told the size that was running; any other end is final, and the
-   supervisor returns the child's exit code (128 + N after a death by signal N).
-
-What is re-run after a kill: every update since the last checkpoint (the checkpoint frequency is
-the resume granularity); updates applied before it are never applied again, and the ones after it
-died with the process, so none is lost or counted twice. The child runs in its own session so
-that a terminal's Ctrl-C reaches it once, through the supervisor (it keeps the terminal's stdout
-and stderr; reading the terminal fails); a supervisor that is itself SIGKILLed leaves the child
-running.
+A child killed by SIGKILL, SIGABRT, SIGSEGV or SIGBUS is started again (at most `max_restarts`
+times) and `edgebatch.fit(..., checkpoint_dir=...)` resumes from the last checkpoint, its governor
+told the micro-batch that was running (hard_failure.py); any other end is final. The decision
+itself is pure, in restart_policy.py; `supervise` gives the recipe. Every update since the last
+checkpoint is re-run after a kill; none is lost or counted twice.
 """
 
 from __future__ import annotations
@@ -61,6 +47,23 @@ def supervise(
     progress: Callable[[str], None] | None = _print_to_stderr,
 ) -> SupervisorReport:
     """Run `argv` (e.g. `["python", "train.py"]`) as a child; restart it when a crash signal kills it.
+
+    1. Delete the running-micro-batch record in `checkpoint_dir` (hard_failure.py), so whatever is
+       there afterwards was written by this child.
+    2. Start the command as a child in its own session (process group), with
+       `EDGEBATCH_HARD_FAILURE_MICRO_BATCH` set to the size the previous child was running when it
+       died (not set for the first child).
+    3. Wait; SIGINT/SIGTERM/SIGHUP sent to the supervisor are forwarded to the child, which then is
+       not restarted.
+    4. A death by SIGKILL, SIGABRT, SIGSEGV or SIGBUS is restarted (at most `max_restarts` times):
+       the command runs again and `edgebatch.fit(..., checkpoint_dir=...)` resumes from the last
+       checkpoint, its governor told the size that was running; any other end is final.
+
+    What is re-run after a kill: every update since the last checkpoint (the checkpoint frequency
+    is the resume granularity); updates applied before it are never applied again, and the ones
+    after it died with the process. The child runs in its own session so that a terminal's Ctrl-C
+    reaches it once, through the supervisor (it keeps the terminal's stdout and stderr; reading the
+    terminal fails); a supervisor that is itself SIGKILLed leaves the child running.
 
     Args:
         argv: the command and its arguments (no shell).

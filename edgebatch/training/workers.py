@@ -1,33 +1,14 @@
 """fit under tf.distribute.MultiWorkerMirroredStrategy: shares, local accumulation, one exchange per update.
 
-Design (issue 12, items 2 and 3). Every worker process runs `fit` on the same dataset in the same
-order, with one device each. An update takes the same N examples on every worker, and worker w
-trains on its share of them (`share_range`): even shares by default, or shares proportional
-to `worker_shares` (a fleet plan's per-device shares). Each worker accumulates its share locally,
-in micro-batches of its own size: the accumulators are per-worker ON_READ variables, and a
-micro-step runs no collective. Each piece adds sum(its losses) / N, with N the global update size,
-so the gradients summed over the workers are the mean over the N examples. That holds whatever each
-worker's split, its OOM retries and its share, so an update equals the plain loop's step over the
-same N examples. Heterogeneous shares are exact for the same reason: the aggregation is weighted
-by examples because every worker divides by the global N.
-
-An OOM is handled where it happens: the worker re-splits its remaining examples smaller and
-retries. No collective is open at that moment, so nothing can hang on a failed peer. Once its
-pieces are done, every worker joins one exchange (`exchange`: an all-gather of a small float64
-status vector per worker: gave up, loss sum, OOM events, memory observation). Then the optimizer
-applies once, and its all-reduce sums the gradients across the workers. A worker that gave up
-(even its smallest micro-batch ran out of memory) still joins the exchange. Every worker then
-raises the same TrainingError and none enters the all-reduce, so none is left waiting in it.
-
-Decisions:
-- lockstep (no `worker_shares`; every worker must build the same governor): each worker tries its
-  OOM retries on a copy of the governor. After the exchange, every worker applies all the OOM
-  events to its real governor, in worker order, and then one merged observation in which the worst
-  pressure wins (`merge_observations`; TensorFlow has no MAX all-reduce, hence the gather). So
-  every governor goes through the same transitions and makes the same decision.
-- own decisions (`worker_shares` given): each worker's governor (built from its own device's
-  profile) observes its own memory and OOMs, and sets its own micro-batch and accumulation
-  count. Only give-ups are shared.
+Every worker process runs `fit` on the same dataset in the same order, with one device each. An
+update takes the same N examples on every worker; worker w trains on its share (`share_range`:
+even, or proportional to `worker_shares`), accumulating locally in micro-batches of its own size
+with no collective, each piece adding sum(its losses) / N, so the summed gradients are the mean
+over the N examples whatever each worker's split, OOM retries and share. An OOM is retried where
+it happens; once its pieces are done every worker joins one `exchange` (an all-gather of a small
+status vector), then the optimizer's all-reduce applies the update once. Decisions are lockstep
+without `worker_shares`, each worker's own with them. Design and its reasons: docs/training-design.md,
+"workers".
 
 Not supported under this strategy yet: more than one device per worker, checkpoints, the
 adaptive batch, loss-scale optimizers (each a one-line UsageError).
