@@ -10,6 +10,7 @@ out of the measurement and a crashing trial cannot take the probe down.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import platform
 import time
@@ -43,6 +44,7 @@ from edgebatch.probing.outcomes import (
     peak_spread_fraction,
 )
 from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
+from edgebatch.probing.squeeze import RoomWatch, host_room_with_workers
 from edgebatch.probing.trial import MAX_STEPS_PER_TRIAL
 from edgebatch.probing.worker import (
     BASELINE_FIELDS,
@@ -338,10 +340,16 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             f"model {model_facts['name']}: {model_facts['parameters']:,} parameters, {model_facts['keras_flavor']}{optimized}"
         )
         fork = _FreshWorkers(device, budget_bytes, progress)
+        # An overcommitted budget is above the room by the user's choice: failures there are theirs to judge.
+        watch = RoomWatch(None if request.allow_overcommit else host_room_with_workers(device))
+        search = functools.partial(_search, watch=watch)
         if lengths:
-            by_length = per_length.search_lengths(lengths, config, setup, workers, measure, progress, fork, _search)
+            by_length = per_length.search_lengths(lengths, config, setup, workers, measure, progress, fork, search)
         else:
-            trials, final = _search(config, setup, workers, measure, progress, fork)
+            trials, final = search(config, setup, workers, measure, progress, fork)
+        squeezed = watch.problem(budget_bytes)
+        if squeezed is not None:
+            raise ProbeError(squeezed)
     except BaseException:
         # Ctrl-C, SIGTERM or an error: a worker in the middle of a trial is killed, not waited for.
         at_once = True
@@ -373,7 +381,10 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
 
 
 def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], measure: str, progress: Progress,
-            fork: _FreshWorkers | None = None):
+            fork: _FreshWorkers | None = None, watch: RoomWatch | None = None):
+    """Run the search's steps in workers until it is done: (trials, Done). `watch` keeps the room
+    around each failed trial (squeeze.py)."""
+    watch = watch or RoomWatch()
     outcomes: list[Outcome] = []
     trials: list[Trial] = []
     times: list[eta.TrialTime] = []
@@ -381,6 +392,7 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
     while True:
         step = next_step(config, outcomes)
         step_began = time.monotonic()
+        room_before = watch.room(workers)
         if isinstance(step, Done):
             return trials, step
         if isinstance(step, Skip):
@@ -423,6 +435,7 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             new_trials = [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=fresh,
                                               forked=worker.forked)]
             note = "  (fresh worker, a new process)" if repeat and forked_otherwise else "  (fresh worker)"
+        watch.note(new_trials, (room_before, watch.room(workers)))
         each_seconds = (time.monotonic() - step_began) / len(new_trials)
         for trial in new_trials:
             # The scout's first trial is fresh but its start-up came before the search: it times no start-up.
