@@ -1,9 +1,7 @@
 """glibc's malloc arena limit (MALLOC_ARENA_MAX) as a profile records it.
 
 On some hosts one batch peaks at two levels between new processes, by how glibc splits memory
-between its malloc arenas: transformer_tiny at 307 x 128 tokens (Intel Xeon) read 1,495 MiB in
-six processes of eight and 1,550 MiB in two as it is, and 1,481 MiB in all eight with
-`MALLOC_ARENA_MAX=1` (five of six in a later round: one arena steadies most processes, not all); small_cnn on an AMD EPYC host likewise (device_profiles/README.md,
+between its malloc arenas; one arena steadies most processes, not all (docs/probe-evidence.md,
 "Probing per sequence length" and "Bumps"). The probe's workers inherit the environment, so
 `MALLOC_ARENA_MAX=1 edgebatch probe ...` measures one-arena processes. The profile records the
 setting (`search.malloc_arena_max`; None: glibc's own default), a cached profile is reused only
@@ -45,7 +43,7 @@ def mismatch(recorded: int | None, running: int | None) -> str | None:
     return (
         f"the profile's ceilings were measured with malloc arena limit {describe(recorded)} and this process runs "
         f"with {describe(running)}: {fix}, or the peaks may differ from the profile's "
-        f"(device_profiles/README.md, \"Probing per sequence length\")"
+        f"(docs/probe-evidence.md, \"Probing per sequence length\")"
     )
 
 

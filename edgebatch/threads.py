@@ -5,16 +5,12 @@ side in an order that changes from step to step, and a process's resident peak f
 overlap it has met so far: it climbs in jumps for up to 30 steps and differs between processes by
 several percent at one batch. With one inter-op thread the ops run one after another and the peak
 is the same in every step and process; lower for some models, higher for others
-(device_profiles/README.md, "Bumps", measured by tools/op_schedule_check.py). `edgebatch probe`
+(docs/probe-evidence.md, "Bumps", measured by tools/op_schedule_check.py). `edgebatch probe`
 runs its trials with one inter-op thread unless told otherwise (`--inter-op-threads`) and records
 the setting in the profile (`search.inter_op_threads`); its ceilings hold for training run with
-the same setting:
-
-    import edgebatch
-    edgebatch.set_inter_op_threads(1)   # before building the model or running any TensorFlow op
-
-(or start the process with TF_NUM_INTEROP_THREADS=1). TensorFlow fixes its thread pools when it
-starts, so a later call cannot change them: it raises a one-line UsageError instead.
+the same setting: call `edgebatch.set_inter_op_threads(1)` before building the model or running
+any TensorFlow op (or start the process with TF_NUM_INTEROP_THREADS=1). TensorFlow fixes its
+thread pools when it starts, so a later call cannot change them: it raises a one-line UsageError.
 """
 
 from __future__ import annotations
@@ -91,7 +87,7 @@ def mismatch(profile_threads: int, running_threads: int) -> str | None:
     return (
         f"the profile's ceilings were measured with {_describe(profile_threads)} and this process runs "
         f"{_describe(running_threads)}: call edgebatch.set_inter_op_threads({profile_threads}) before building "
-        f"the model, or the peaks may differ from the profile's (device_profiles/README.md, \"Bumps\")"
+        f"the model, or the peaks may differ from the profile's (docs/probe-evidence.md, \"Bumps\")"
     )
 
 

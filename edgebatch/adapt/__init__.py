@@ -4,22 +4,11 @@ The memory governor (edgebatch.governor) bounds how large a micro-batch *can* be
 chooses the effective batch (examples per optimizer update) from training statistics and reaches
 it by gradient accumulation above the memory ceiling, so the two halves compose.
 
-Map:
-- `signals`: numpy-only estimators on flat gradients and losses: the two-batch unbiased estimate
-  of |G|^2 and tr(Sigma) and the gradient noise scale B_simple as a ratio of EMAs (McCandlish et
-  al. 2018), `micro_batch_pair` (an accumulated update's micro-batches give both batch sizes for
-  free), cosine agreement between consecutive updates over a window, a loss-plateau detector and
-  a drift detector on the share of hard examples.
-- `policy`: the pure decision core `decide(config, state, stats, memory_micro_batch_samples) ->
-  (state, AdaptDecision)`: checks every N updates, cooldown after a change, x1.5 / x0.5 bounds,
-  growth capped near the noise scale, micro-batch never above the governor's.
-- `controller`: `AdaptController`, signals + policy for one run: an `UpdateMeasurement` (the
-  squared norms and losses a training loop has) in, the next decision and the statistics behind
-  it (`AdaptReading`) out; its state is a JSON-able dict. Pure.
-- `lr_coupling`: learning-rate rules for a changed effective batch (none, linear, sqrt,
-  inverse_sqrt), pure.
-- `scaled_schedule`: `ScaledSchedule`, a Keras LearningRateSchedule x a mutable factor (the only
-  module that imports TensorFlow; not imported here).
+Map: `signals` (numpy-only estimators: the gradient noise scale, direction agreement, loss
+plateau, drift), `policy` (the pure decision core `decide`), `controller` (`AdaptController`,
+signals + policy for one run, its state a JSON-able dict), `lr_coupling` (learning-rate rules for
+a changed effective batch) and `scaled_schedule` (a Keras LearningRateSchedule x a mutable factor:
+the only module that imports TensorFlow; not imported here).
 
 Importing this package imports numpy, never TensorFlow. `edgebatch.fit(..., adapt=AdaptConfig(...))`
 drives it (edgebatch/training/adaptive.py); docs/adaptive-batch.md is the user's guide.

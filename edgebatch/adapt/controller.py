@@ -2,23 +2,11 @@
 
 `AdaptController` is what `edgebatch.fit(adapt=AdaptConfig(...))` drives once per optimizer
 update. It keeps the signal states of signals.py and the policy state of policy.py, and turns an
-`UpdateMeasurement` (plain numbers a training loop already has, see below) into the statistics
+`UpdateMeasurement` (plain numbers a training loop already has) into the statistics
 (`AdaptReading`, logged) and the policy's decision for the next update (`AdaptDecision`). No
 TensorFlow: tests drive it with constructed numbers, and its whole state is a JSON-able dict
-(`state_dict` / `load_state_dict`) so a checkpoint resumes it exactly.
-
-What one update contributes:
-- noise scale: with >= 2 micro-batches, `pair_from_norms` on the micro-batches' and the update's
-  squared mean-gradient norms gives one two-batch estimate, folded into the EMAs
-  (config.noise_ema_decay); one micro-batch gives none;
-- direction agreement: the cosine between this update's mean gradient and the previous one's
-  (None for the first update, or a zero gradient), into a window of config.cosine_window_updates;
-- drift: the update's per-example losses (signals.update_drift);
-- plateau: the update's loss joins the running mean since the previous check; on a check that
-  mean is pushed and the plateau test (config.plateau_checks, plateau_relative_tolerance) runs;
-- schedule phase: the optimizer's scheduled rate (unscaled), compared with the rate at the last
-  change (the start counts as one): its ratio feeds the schedule trigger.
-Then `decide` runs with these statistics and the memory governor's micro-batch.
+(`state_dict` / `load_state_dict`) so a checkpoint resumes it exactly. What one update
+contributes to each signal: `AdaptController.observe`.
 """
 
 from __future__ import annotations
@@ -125,7 +113,21 @@ class AdaptController:
         return max(1, min(effective, math.ceil(effective / self.config.min_pieces_per_update)))
 
     def observe(self, measurement: UpdateMeasurement, memory_micro_batch_samples: int) -> tuple[AdaptDecision, AdaptReading]:
-        """Fold one update in and decide the next effective batch."""
+        """Fold one update in and decide the next effective batch.
+
+        What one update contributes:
+        - noise scale: with >= 2 micro-batches, `pair_from_norms` on the micro-batches' and the update's
+          squared mean-gradient norms gives one two-batch estimate, folded into the EMAs
+          (config.noise_ema_decay); one micro-batch gives none;
+        - direction agreement: the cosine between this update's mean gradient and the previous one's
+          (None for the first update, or a zero gradient), into a window of config.cosine_window_updates;
+        - drift: the update's per-example losses (signals.update_drift);
+        - plateau: the update's loss joins the running mean since the previous check; on a check that
+          mean is pushed and the plateau test (config.plateau_checks, plateau_relative_tolerance) runs;
+        - schedule phase: the optimizer's scheduled rate (unscaled), compared with the rate at the last
+          change (the start counts as one): its ratio feeds the schedule trigger.
+        Then `decide` runs with these statistics and the memory governor's micro-batch.
+        """
         cfg = self.config
         sizes = tuple(int(size) for size in measurement.micro_batch_samples)
         if len(sizes) >= 2:

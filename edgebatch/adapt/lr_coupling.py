@@ -1,15 +1,6 @@
 """How the learning rate follows the effective batch when the adaptive policy changes it. Pure math.
 
-Rules (`LR_RULES`), each a multiplier on the rate tuned for `base_batch_samples`:
-- "none":    1 (the rate is left alone; Smith et al. 2018 "Don't Decay the Learning Rate, Increase
-             the Batch Size" grow the batch *instead of* decaying, at a constant rate);
-- "linear":  B_new / B_base (Goyal et al. 2017, "Accurate, Large Minibatch SGD": for SGD);
-- "sqrt":    sqrt(B_new / B_base) (Krizhevsky 2014, "One weird trick"; Malladi et al. 2022, "On the
-             SDEs and Scaling Rules for Adaptive Gradient Algorithms": the default for Adam-like
-             optimizers);
-- "inverse_sqrt": sqrt(B_base / B_new), the rule of the seed this feature reproduces
-             (LR x sqrt(B_old / B_new) at each change: a larger batch gets a *smaller* rate). It is
-             offered to reproduce the seed, not recommended.
+The rules (`LR_RULES`, each a multiplier on the rate tuned for `base_batch_samples`): `lr_scale`.
 
 Every rule is a power law, so the scale from the base to the current batch is the product of the
 per-change factors whatever the path: callers apply `lr_scale(rule, base, current)` to the base rate
@@ -36,7 +27,19 @@ def _check(rule: str, *batches: float) -> None:
 
 
 def lr_scale(rule: str, base_batch_samples: float, batch_samples: float) -> float:
-    """The multiplier on the rate tuned for `base_batch_samples` when training at `batch_samples`."""
+    """The multiplier on the rate tuned for `base_batch_samples` when training at `batch_samples`.
+
+    Rules (`LR_RULES`):
+    - "none":    1 (the rate is left alone; Smith et al. 2018 "Don't Decay the Learning Rate, Increase
+                 the Batch Size" grow the batch *instead of* decaying, at a constant rate);
+    - "linear":  B_new / B_base (Goyal et al. 2017, "Accurate, Large Minibatch SGD": for SGD);
+    - "sqrt":    sqrt(B_new / B_base) (Krizhevsky 2014, "One weird trick"; Malladi et al. 2022, "On the
+                 SDEs and Scaling Rules for Adaptive Gradient Algorithms": the default for Adam-like
+                 optimizers);
+    - "inverse_sqrt": sqrt(B_base / B_new), the rule of the seed this feature reproduces
+                 (LR x sqrt(B_old / B_new) at each change: a larger batch gets a *smaller* rate). It is
+                 offered to reproduce the seed, not recommended.
+    """
     _check(rule, base_batch_samples, batch_samples)
     return (batch_samples / base_batch_samples) ** _EXPONENTS[rule]
 

@@ -7,36 +7,9 @@ accumulation, micro = min(memory_micro_batch_samples, effective) and
 accumulation_steps = ceil(effective / micro), so a micro-batch never exceeds the governor's
 decision whatever the effective batch is. Plain values in and out, no TensorFlow.
 
-One call per optimizer update. `updates` advances and the cooldown counts down on every call;
-the triggers are only evaluated on a *check*: the first update with no cooldown left once at
-least `check_every_updates` updates have passed since the previous check (or the start), this
-update included. Between checks, and on a check that changes nothing, the effective batch is
-unchanged (the micro-batch and accumulation still follow a new memory ceiling at once).
-
-Triggers on a check, in this order (the first that fires decides; shrinking wins over growing,
-the safe side when the statistics disagree):
-1. drift (stats.drift True): shrink;
-2. direction disagreement: stats.mean_cosine < shrink_below_cosine: shrink;
-3. direction agreement: stats.mean_cosine > grow_above_cosine: grow;
-4. loss plateau (stats.plateau True): grow;
-5. schedule decay (Smith et al. 2018, "Don't Decay the Learning Rate, Increase the Batch Size"):
-   stats.schedule_lr_ratio (the schedule's current rate over its rate at the last change)
-   <= schedule_decay_ratio: grow by 1 / ratio instead (still within the growth bound);
-6. below the noise scale: effective < grow_below_noise_fraction x stats.noise_scale_samples: grow.
-   (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training": batches well below the
-   noise scale B_simple waste steps; well above it, waste examples.)
-A statistic that is None (not measured yet) fires nothing.
-
-Bounds on a change: growth to at most floor(current x max_grow_factor) (at least +1), shrinking to
-at least ceil(current x max_shrink_factor) (at least -1); growth is also capped at
-noise_cap_factor x B_simple when the noise scale is known (a growth the cap forbids is no change,
-its reason kept in Decision.blocked), and everything stays in
-[min_effective_batch_samples, max_effective_batch_samples]. A change starts the cooldown
-(`cooldown_updates`, the seed's at least 200) and resets the check count.
-
-LR: Decision.lr_scale = lr_coupling.lr_scale(config.lr_rule, state.base_effective_batch_samples,
-effective), the multiplier on the rate (or schedule, via scaled_schedule.ScaledSchedule) tuned for
-the starting effective batch. Path independent: scales never compound.
+One call per optimizer update; the triggers are evaluated only on a check (`is_check`), in the
+order `_trigger` gives, and a change is bounded as `decide` says. The LR multiplier follows the
+effective batch (`_decision`).
 """
 
 from __future__ import annotations
@@ -224,14 +197,29 @@ def micro_plan(effective_batch_samples: int, memory_micro_batch_samples: int) ->
 
 
 def is_check(config: AdaptConfig, state: AdaptState) -> bool:
-    """Whether the next `decide` call from `state` evaluates the triggers (module docstring)."""
+    """Whether the next `decide` call from `state` evaluates the triggers.
+
+    `updates` advances and the cooldown counts down on every call; a check is the first update with
+    no cooldown left once at least `check_every_updates` updates have passed since the previous
+    check (or the start), this update included. Between checks, and on a check that changes
+    nothing, the effective batch is unchanged (the micro-batch and accumulation still follow a new
+    memory ceiling at once).
+    """
     return state.cooldown_left_updates <= 0 and state.updates_since_check + 1 >= config.check_every_updates
 
 
 def decide(
     config: AdaptConfig, state: AdaptState, stats: AdaptStats, memory_micro_batch_samples: int
 ) -> tuple[AdaptState, AdaptDecision]:
-    """Account one optimizer update; on a check, apply the triggers (module docstring)."""
+    """Account one optimizer update; on a check, apply the triggers (`_trigger`).
+
+    Bounds on a change: growth to at most floor(current x max_grow_factor) (at least +1), shrinking
+    to at least ceil(current x max_shrink_factor) (at least -1); growth is also capped at
+    noise_cap_factor x B_simple when the noise scale is known (a growth the cap forbids is no
+    change, its reason kept in Decision.blocked), and everything stays in
+    [min_effective_batch_samples, max_effective_batch_samples]. A change starts the cooldown
+    (`cooldown_updates`, the seed's at least 200) and resets the check count.
+    """
     cooldown_left = max(0, state.cooldown_left_updates - 1)
     since_check = state.updates_since_check + 1
     new_state = replace(state, updates=state.updates + 1, cooldown_left_updates=cooldown_left,
@@ -259,7 +247,22 @@ def decide(
 
 
 def _trigger(config: AdaptConfig, stats: AdaptStats, current: int) -> tuple[int, str, float]:
-    """(-1 shrink / 0 nothing / +1 grow, why, wanted growth factor before the bound)."""
+    """(-1 shrink / 0 nothing / +1 grow, why, wanted growth factor before the bound).
+
+    The first trigger that fires decides; shrinking wins over growing, the safe side when the
+    statistics disagree:
+    1. drift (stats.drift True): shrink;
+    2. direction disagreement: stats.mean_cosine < shrink_below_cosine: shrink;
+    3. direction agreement: stats.mean_cosine > grow_above_cosine: grow;
+    4. loss plateau (stats.plateau True): grow;
+    5. schedule decay (Smith et al. 2018, "Don't Decay the Learning Rate, Increase the Batch Size"):
+       stats.schedule_lr_ratio (the schedule's current rate over its rate at the last change)
+       <= schedule_decay_ratio: grow by 1 / ratio instead (still within the growth bound);
+    6. below the noise scale: effective < grow_below_noise_fraction x stats.noise_scale_samples:
+       grow (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training": batches well
+       below the noise scale B_simple waste steps; well above it, waste examples).
+    A statistic that is None (not measured yet) fires nothing.
+    """
     if stats.drift:
         return -1, "drift: hard examples rising", 0.0
     cosine = stats.mean_cosine
@@ -303,6 +306,10 @@ def _decision(
     config: AdaptConfig, state: AdaptState, memory_micro_batch_samples: int, changed: bool,
     reason: str = "", blocked: str = "",
 ) -> AdaptDecision:
+    """The decision for `state`. lr_scale = lr_coupling.lr_scale(config.lr_rule,
+    state.base_effective_batch_samples, effective): the multiplier on the rate (or schedule, via
+    scaled_schedule.ScaledSchedule) tuned for the starting effective batch. Path independent:
+    scales never compound."""
     effective = state.effective_batch_samples
     micro, steps = micro_plan(effective, memory_micro_batch_samples)
     return AdaptDecision(

@@ -5,34 +5,11 @@ Everything here works on what a gradient-accumulating loop already has: flat gra
 per-example losses. No TensorFlow: a caller flattens its tensors (e.g. concatenates
 `tf.reshape(g, [-1])` over the variables) and passes numpy arrays or plain floats.
 
-Gradient noise scale (McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch
-Training", appendix A). For i.i.d. examples with true gradient G and per-example covariance Sigma,
-the mean gradient g_B over B examples has E|g_B|^2 = |G|^2 + tr(Sigma) / B. Two batch sizes
-B_small < B_big therefore give unbiased estimates of both unknowns:
-
-    |G|^2     ~ (B_big |g_big|^2 - B_small |g_small|^2) / (B_big - B_small)
-    tr(Sigma) ~ (|g_small|^2 - |g_big|^2) / (1 / B_small - 1 / B_big)
-
-and the *simple noise scale* B_simple = tr(Sigma) / |G|^2. Each single estimate is very noisy
-(the |G|^2 one may be negative), so, as the paper advises, the numerator and the denominator are
-smoothed separately with an exponential moving average and B_simple is the ratio of the two EMAs
-(`NoiseScaleState`), never an average of per-step ratios. The promise (tests/test_adapt_signals.py):
-on linear regression with Gaussian inputs, where B_simple is known in closed form, the ratio of
-EMAs over ~2000 (B_small=8, B_big=64) pairs lands within 20% of the exact value.
-
-Inside one accumulated update the micro-batches are disjoint samples of the same gradient:
-`micro_batch_pair` turns their mean gradients into one (small, big) pair for free.
-
-Direction agreement: the cosine similarity between consecutive update gradients, averaged over a
-window (`AgreementState`). Near 1: successive updates point the same way (the batch is large
-enough for the gradient to dominate its noise: a larger one buys little direction but allows a
-larger step); near 0 or negative: noise or oscillation dominate.
-
-Loss plateau: the relative change |L_t - L_{t-1}| / |L_{t-1}| stays below a tolerance for a number
-of consecutive checks (`PlateauState`).
-
-Drift (`DriftState`): the share of *hard* examples (recent per-example losses above a quantile of
-the losses just before them) rising clearly above the share that quantile implies.
+- Gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018, appendix A): from
+  two batch sizes (`two_batch_estimate`; `micro_batch_pair` gets both from one accumulated
+  update's micro-batches), smoothed as a ratio of EMAs (`NoiseScaleState`).
+- Direction agreement between consecutive update gradients (`AgreementState`).
+- Loss plateau (`PlateauState`) and drift in the share of hard examples (`DriftState`).
 """
 
 from __future__ import annotations
@@ -88,6 +65,13 @@ def two_batch_estimate(
     small_sq_norm: float, small_batch_samples: float, big_sq_norm: float, big_batch_samples: float
 ) -> TwoBatchEstimate:
     """McCandlish et al. (2018) appendix A: |G|^2 and tr(Sigma) from |g|^2 at two batch sizes.
+
+    For i.i.d. examples with true gradient G and per-example covariance Sigma, the mean gradient
+    g_B over B examples has E|g_B|^2 = |G|^2 + tr(Sigma) / B, so B_small < B_big give unbiased
+    estimates of both unknowns:
+
+        |G|^2     ~ (B_big |g_big|^2 - B_small |g_small|^2) / (B_big - B_small)
+        tr(Sigma) ~ (|g_small|^2 - |g_big|^2) / (1 / B_small - 1 / B_big)
 
     `small_sq_norm` is |g_small|^2, the squared norm of a *mean* gradient over
     `small_batch_samples` examples; likewise for big. Unbiased when both are means of i.i.d.
@@ -149,6 +133,12 @@ def pair_from_norms(
 class NoiseScaleState:
     """EMAs of the |G|^2 and tr(Sigma) estimates, kept apart (a ratio of EMAs, not an EMA of ratios).
 
+    Each single estimate is very noisy (the |G|^2 one may be negative), so, as the paper advises,
+    the numerator and the denominator are smoothed separately and B_simple is the ratio of the two
+    EMAs, never an average of per-step ratios. The promise (tests/test_adapt_signals.py): on linear
+    regression with Gaussian inputs, where B_simple is known in closed form, the ratio of EMAs over
+    ~2000 (B_small=8, B_big=64) pairs lands within 20% of the exact value.
+
     `weight` is the EMA of 1 (1 - decay^n after n updates): dividing by it removes the start-at-zero
     bias of each EMA (as Adam does); it cancels in the ratio.
     """
@@ -198,7 +188,12 @@ def cosine_similarity(a: np.ndarray | Sequence[float], b: np.ndarray | Sequence[
 
 @dataclass(frozen=True)
 class AgreementState:
-    """The last `window_updates` cosines between consecutive update gradients, oldest first."""
+    """The last `window_updates` cosines between consecutive update gradients, oldest first.
+
+    Near 1: successive updates point the same way (the batch is large enough for the gradient to
+    dominate its noise: a larger one buys little direction but allows a larger step); near 0 or
+    negative: noise or oscillation dominate.
+    """
 
     cosines: tuple[float, ...] = ()
 
@@ -225,7 +220,8 @@ def mean_agreement(state: AgreementState, window_updates: int) -> float | None:
 @dataclass(frozen=True)
 class PlateauState:
     """The last few losses fed at policy checks (one value per check, e.g. the mean loss since the
-    previous check), oldest first."""
+    previous check), oldest first. A plateau: the relative change |L_t - L_{t-1}| / |L_{t-1}| stays
+    below a tolerance for a number of consecutive checks (is_plateau)."""
 
     losses: tuple[float, ...] = ()
 
@@ -261,7 +257,8 @@ def is_plateau(state: PlateauState, checks: int = 5, relative_tolerance: float =
 @dataclass(frozen=True)
 class DriftState:
     """The latest per-example losses in two consecutive windows, oldest first: `reference` (the
-    examples before the recent ones) and `recent`. Counted in examples, not updates, so the
+    examples before the recent ones) and `recent`. Drift: the share of *hard* examples (recent
+    losses above a quantile of the reference) rising clearly above the share that quantile implies. Counted in examples, not updates, so the
     evidence is the same at any batch size (a quantile of one small batch is a biased estimate: of
     a single example it is that example's loss, the median's estimate, not the 90th percentile's)."""
 

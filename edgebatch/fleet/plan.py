@@ -4,31 +4,8 @@ Pure: no TensorFlow, no I/O. The input is one `PlanDevice` per device (built fro
 `device_from_profile`), the output a `FleetPlan`: each device's micro-batch, accumulation count and
 share, the predicted update time, and the naive equal split to compare with.
 
-The time model, exactly:
-
-- A device's samples/s at batch b is interpolated piecewise-linearly in b between its profile's
-  successful measured trials (`ok and measured and samples_per_second`), clamped at the ends: below
-  the smallest measured batch it is that batch's figure (optimistic: small batches are usually
-  slower), and no micro-batch above the largest measured batch or above `safe_batch` is allowed.
-- Where a batch has steady trials (`steady` not False) only those count; a batch whose only figures
-  timed the warm-up step (`steady is False`, a slower figure) is dropped when steady batches lie on
-  both sides of it (interpolating between them is the better figure) and kept otherwise, and the
-  plan says that the device relies on it.
-- One step of b samples takes b / samples_per_second(b) seconds, made non-decreasing in b (the step
-  time at b is the smallest at any batch >= b): a smaller batch never takes longer than a larger one,
-  whatever measurement noise says. This keeps a device's time non-decreasing in its share, which
-  the search below relies on.
-- A share s done as micro-batch m with accumulation k = ceil(s / m) is k - 1 full micro-batches and
-  a last one of s - (k - 1) m samples: its time is the sum of their step times. Shares are always
-  of this form ("m x k, possibly with a smaller last micro-batch"); the optimum is over it.
-- The update time is the largest device time (synchronous), plus `update_overhead_seconds` (the
-  all-reduce) whenever more than one device takes part. The overhead defaults to 0.
-
-The plan minimises the update time over integer shares summing to N and every allowed micro-batch
-per device: a bisection on the update time T (a device's largest share within T is monotone in T),
-then the shares at the smallest feasible T are trimmed to sum to N exactly, always from the device
-that is slowest at that moment. The result is optimal to within a relative 1e-12 of the update
-time (the bisection's tolerance). A device whose share ends at 0 is left out, with the reason.
+The time model (interpolated throughput per device, step times made non-decreasing in batch,
+the update as long as its slowest device) and how the plan minimises it: `plan_fleet`.
 """
 
 from __future__ import annotations
@@ -97,7 +74,7 @@ class PlanDevice:
 
     @property
     def unsteady_batches(self) -> tuple[int, ...]:
-        """Batches whose figure timed the warm-up step (see the module docstring)."""
+        """Batches whose figure timed the warm-up step (throughput_points; plan_fleet's time model)."""
         return tuple(point.batch for point in self.points if not point.steady)
 
     def samples_per_second(self, batch: int) -> float:
@@ -265,7 +242,7 @@ class FleetPlan:
 
 
 def throughput_points(trials: Iterable) -> tuple[ThroughputPoint, ...]:
-    """The throughput curve of a profile's trials (see the module docstring for which figures count).
+    """The throughput curve of a profile's trials (plan_fleet's time model says which figures count).
 
     Several figures at one batch are reduced to their median.
     """
@@ -304,9 +281,35 @@ def plan_fleet(
     """The shortest-update split of `effective_batch` samples over `devices`, with the equal split beside it.
 
     Holds: the plan's shares sum to `effective_batch` exactly, every micro-batch is within its
-    device's max_micro_batch, and its predicted update time is the minimum under the model (module
-    docstring) to a relative 1e-12, so never above the equal split's. Raises UsageError for
+    device's max_micro_batch, and its predicted update time is the minimum under the model below
+    to a relative 1e-12, so never above the equal split's. Raises UsageError for
     effective_batch < 1, no devices, duplicate ids or a negative overhead.
+
+    The time model, exactly:
+
+    - A device's samples/s at batch b is interpolated piecewise-linearly in b between its profile's
+      successful measured trials (`ok and measured and samples_per_second`), clamped at the ends: below
+      the smallest measured batch it is that batch's figure (optimistic: small batches are usually
+      slower), and no micro-batch above the largest measured batch or above `safe_batch` is allowed.
+    - Where a batch has steady trials (`steady` not False) only those count; a batch whose only figures
+      timed the warm-up step (`steady is False`, a slower figure) is dropped when steady batches lie on
+      both sides of it (interpolating between them is the better figure) and kept otherwise, and the
+      plan says that the device relies on it.
+    - One step of b samples takes b / samples_per_second(b) seconds, made non-decreasing in b (the step
+      time at b is the smallest at any batch >= b): a smaller batch never takes longer than a larger one,
+      whatever measurement noise says. This keeps a device's time non-decreasing in its share, which
+      the search below relies on.
+    - A share s done as micro-batch m with accumulation k = ceil(s / m) is k - 1 full micro-batches and
+      a last one of s - (k - 1) m samples: its time is the sum of their step times. Shares are always
+      of this form ("m x k, possibly with a smaller last micro-batch"); the optimum is over it.
+    - The update time is the largest device time (synchronous), plus `update_overhead_seconds` (the
+      all-reduce) whenever more than one device takes part. The overhead defaults to 0.
+
+    The plan minimises the update time over integer shares summing to N and every allowed micro-batch
+    per device: a bisection on the update time T (a device's largest share within T is monotone in T),
+    then the shares at the smallest feasible T are trimmed to sum to N exactly, always from the device
+    that is slowest at that moment. The result is optimal to within a relative 1e-12 of the update
+    time (the bisection's tolerance). A device whose share ends at 0 is left out, with the reason.
     """
     if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
         raise UsageError(f"the effective batch must be a whole number >= 1, got {effective_batch!r}")

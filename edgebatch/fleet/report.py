@@ -6,18 +6,11 @@ Two steps, kept apart so the second is pure and testable without files:
   searched recursively, or an fsspec URL) and returns the profiles plus every file that could not be
   read, each with its one-line error. Nothing here writes anything.
 - `analyse(entries, invalid, now=..., running=...)` turns them into a `FleetReport`: one `ProfileRow`
-  per profile, a device x model matrix of safe batches, and three kinds of flags:
-
-  * stale: the profile's schema version, TensorFlow major.minor or edgebatch version differs from
-    the running ones (`running_versions()`), so its numbers may not hold for this install. (A file
-    of another schema version cannot be read by this edgebatch at all: `collect` lists it as
-    invalid, with the store's "written by a newer edgebatch" / "unknown schema_version" error.);
-  * duplicate: the same (device fingerprint, model key, host) appears more than once;
-  * outlier: the same fingerprint and model key on different hosts with max_batch values more than
-    `OUTLIER_SPREAD_FRACTION` apart, measured as (largest - smallest) / smallest.
+  per profile, a device x model matrix of safe batches, and three kinds of flags (stale, duplicate,
+  outlier: `analyse` says what each means).
 
 Every string in a row came from someone else's machine: this module never interprets it, and the
-renderers (report_html.py, cli_report.py) escape it for their medium.
+renderers (report_html.py, cli/fleet_report.py) escape it for their medium.
 """
 
 from __future__ import annotations
@@ -296,7 +289,15 @@ def analyse(
     now: datetime,
     running: RunningVersions,
 ) -> FleetReport:
-    """Rows, matrix and flags for `entries` (see the module docstring for what each flag means).
+    """Rows, matrix and flags for `entries`.
+
+    * stale: the profile's schema version, TensorFlow major.minor or edgebatch version differs from
+      the running ones (`running_versions()`), so its numbers may not hold for this install. (A file
+      of another schema version cannot be read by this edgebatch at all: `collect` lists it as
+      invalid, with the store's "written by a newer edgebatch" / "unknown schema_version" error.);
+    * duplicate: the same (device fingerprint, model key, host) appears more than once;
+    * outlier: the same fingerprint and model key on different hosts with max_batch values more than
+      `OUTLIER_SPREAD_FRACTION` apart, measured as (largest - smallest) / smallest.
 
     Pure: the result depends only on the arguments. `now` must be timezone-aware. Rows are sorted
     by (host, fingerprint, model name, model key, source); every row of a duplicate or outlier

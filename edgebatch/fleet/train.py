@@ -1,31 +1,17 @@
 """Train a mixed fleet together on Ray: Ray Train starts the workers, a fleet plan gives their shares.
 
-    from edgebatch.fleet.train import plan_share, train_on_ray
-
-    def train_loop(config):                        # runs in every Ray Train worker
-        import tensorflow as tf, edgebatch
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()   # Ray Train has set TF_CONFIG
-        with strategy.scope():
-            model = build_model(); optimizer = make_optimizer()
-        edgebatch.fit(model, dataset, loss=..., optimizer=optimizer, effective_batch=512,
-                      governor=governor_from_this_devices_profile,
-                      worker_shares=plan_share(config["plan"]))  # this worker's share, gathered in fit
-
-    train_on_ray(train_loop, num_workers=2, config={"plan": plan_json}, address="auto")
-
 Ray Train's TensorflowTrainer starts `num_workers` workers (one per node when each asks for the
-node's whole resources) and sets TF_CONFIG for MultiWorkerMirroredStrategy. Ray assigns the ranks,
-and the plan knows devices by node label, so each worker looks up its own share (`plan_share`: by
-this host's name, or a label you give) and passes that one number to `fit(worker_shares=...)`.
-fit gathers every worker's number and splits each update in proportion (training/workers.py).
-Each worker's own governor sets its micro-batch within its own device's ceiling.
+node's whole resources) and sets TF_CONFIG for MultiWorkerMirroredStrategy (`train_on_ray` shows
+the whole recipe). Ray assigns the ranks, and the plan knows devices by node label, so each worker
+looks up its own share (`plan_share`: by this host's name, or a label you give) and passes that one
+number to `fit(worker_shares=...)`. fit gathers every worker's number and splits each update in
+proportion (training/workers.py). Each worker's own governor sets its micro-batch within its own
+device's ceiling.
 
 `plan_share` reads what `edgebatch fleet plan --json` prints (`plan.devices[].label` and
 `share`). A device the plan left out, or a label it does not name, is a UsageError, raised before
-any training.
-
-Ray (with its `train` extra) is imported only when `train_on_ray` runs (the `fleet` extra
-installs it).
+any training. Ray (with its `train` extra) is imported only when `train_on_ray` runs (the `fleet`
+extra installs it).
 """
 
 from __future__ import annotations
@@ -89,6 +75,21 @@ def train_on_ray(
     storage_path: str | None = None,
 ) -> Any:
     """Run `train_loop(config)` on `num_workers` Ray Train workers under TF_CONFIG; Ray Train's Result.
+
+    Usage:
+
+        from edgebatch.fleet.train import plan_share, train_on_ray
+
+        def train_loop(config):                        # runs in every Ray Train worker
+            import tensorflow as tf, edgebatch
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()   # Ray Train has set TF_CONFIG
+            with strategy.scope():
+                model = build_model(); optimizer = make_optimizer()
+            edgebatch.fit(model, dataset, loss=..., optimizer=optimizer, effective_batch=512,
+                          governor=governor_from_this_devices_profile,
+                          worker_shares=plan_share(config["plan"]))  # this worker's share, gathered in fit
+
+        train_on_ray(train_loop, num_workers=2, config={"plan": plan_json}, address="auto")
 
     `address`: "local" (a one-node Ray started here), "auto" or "HOST:PORT" (connected as a fleet
     probe connects: fleet/cluster.py `connect`, which checks the port first). `resources_per_worker`: e.g. {"CPU": 8} to place one worker

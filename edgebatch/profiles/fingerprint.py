@@ -33,7 +33,7 @@ def device_fingerprint(
     driver_version: str | None = None,
     memory_limit_bytes: int | None = None,
 ) -> str:
-    """A file-name-safe key for a device, e.g. 'cpu-amd-epyc-7763-2c-24gib-1a2b3c4d'.
+    """A file-name-safe key for a device, e.g. 'cpu-<cpu-model>-2c-24gib-<8 hex digits>'.
 
     Memory counts in whole GiB, rounded UP (`memory_size_gib`): what a kernel or driver reports is
     the installed size minus its reservations, which move by tens of MiB between boots and kernel
@@ -100,7 +100,7 @@ def model_key(
     optimize: str = "none",
     seq_lens: tuple[int, ...] | list[int] | None = None,
 ) -> str:
-    """A file-name-safe key for a model and its training setup, e.g. 'mobilenet_v2-float32-adam-tf2.21-1a2b3c4d'.
+    """A file-name-safe key for a model and its training setup, e.g. 'mobilenet_v2-float32-adam-tf2.21-<8 hex digits>'.
 
     The hash covers every argument (TensorFlow as major.minor: a patch release does not change
     kernels' memory use enough to re-probe, a minor release can). A TFMOT `optimize` ("qat",

@@ -280,7 +280,7 @@ class DeviceProfile:
 
 
 def utc_now_iso() -> str:
-    """Now as ISO-8601 UTC to the second, the form `created_at` takes: '2025-06-01T12:00:00Z'."""
+    """Now as ISO-8601 UTC to the second, the form `created_at` takes: 'YYYY-MM-DDThh:mm:ssZ'."""
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -332,7 +332,7 @@ def _timestamp_problem(created_at: str) -> str | None:
     except ValueError:
         return f"at $.created_at: {_shorten(repr(created_at))} is not an ISO-8601 timestamp"
     if moment.utcoffset() != timedelta(0):
-        return f"at $.created_at: {_shorten(repr(created_at))} is not in UTC (write it like 2025-06-01T12:00:00Z)"
+        return f"at $.created_at: {_shorten(repr(created_at))} is not in UTC (write it as YYYY-MM-DDThh:mm:ssZ)"
     return None
 
 

@@ -39,7 +39,7 @@ def parse_cpu_model(cpuinfo_text: str) -> str | None:
 
 
 def cpu_model_name(proc_root: str | Path = "/proc") -> str:
-    """'AMD EPYC 7B13' from cpuinfo; else platform.processor() or platform.machine(); else 'unknown'."""
+    """The CPU's model name from cpuinfo ("model name"); else platform.processor() or platform.machine(); else 'unknown'."""
     try:
         model = parse_cpu_model((Path(proc_root) / "cpuinfo").read_text())
     except OSError:
