@@ -12,7 +12,7 @@ from edgebatch.errors import EdgebatchError
 def write_atomically(path: Path, text: str, *, fsync: bool = True, temp_prefix: str | None = None) -> Path:
     """Write `text` to `path` through a temporary file in the same directory and one rename.
 
-    On any failure (including Ctrl-C, or SIGTERM under cli_errors.sigterm_raises) the temporary file
+    On any failure (including Ctrl-C, or SIGTERM under cli.errors.sigterm_raises) the temporary file
     is removed and an existing `path` is left as it was. An existing file keeps its mode; a new one
     is 0644 (mkstemp would leave it 0600). `fsync` flushes the file and then the rename to disk;
     False is for a file that must outlive its process, not the machine. `temp_prefix` names the

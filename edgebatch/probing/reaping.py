@@ -2,7 +2,7 @@
 
 `Popen.poll()` takes a private lock (`_waitpid_lock`) with `acquire(False)` and only then enters
 the `try` whose `finally` releases it. A KeyboardInterrupt, or the Terminated that SIGTERM raises
-under `edgebatch` (cli_errors.sigterm_raises), can land between those two bytecodes, and the lock
+under `edgebatch` (cli.errors.sigterm_raises), can land between those two bytecodes, and the lock
 then stays held for good: `poll()` answers None for a process that may have exited, and `wait()`
 without a timeout blocks for ever. A probe meets that window more often than chance would have it:
 it polls its worker right after printing a trial's line, when a user or a test sends Ctrl-C
