@@ -4,7 +4,7 @@ edgebatch.adapt's pure controller.
 Per optimizer update the loop asks `AdaptiveBatch` for the effective batch (examples to take),
 the micro-batch to split them with (the memory governor's, and small enough for at least
 config.min_pieces_per_update pieces) and the learning-rate multiplier; after the pieces ran it
-hands over what the steps measured (steps.AccumulatingSteps._update_statistics), and `observe`
+hands over what the steps measured (steps.OneDeviceSteps._update_statistics), and `observe`
 turns them into one `UpdateMeasurement` for the controller, with one host read of a few scalars.
 
 The effective batch is counted in examples. A piece's gradient in the accumulators is its share of

@@ -341,20 +341,11 @@ class _GovernedLoop:
                 self.pruning.before_micro_step()  # one pruning step per update (pruning.py)
             injected = next_injected_oom()
             try:
-                if self.steps.strategy is not None and not self.steps.local_steps:
-                    # An injected OOM happens inside the last replica's step (a real allocation
-                    # failure there), so it tests that the other replicas add nothing either.
-                    oom_replica = tf.constant(-1 if injected is None else self.steps.replicas - 1, tf.int32)
-                    loss_sums.append(self.steps.micro_step(x, y, update_examples, oom_replica))
-                elif injected is not None:
-                    raise tf.errors.ResourceExhaustedError(None, None, injected)
-                elif self.steps.statistics:
-                    loss_sum, piece_sq_norm, losses = self.steps.micro_step(x, y, update_examples)
-                    loss_sums.append(loss_sum)
+                loss_sum, piece_sq_norm, losses = self.steps.run_piece(x, y, update_examples, injected)
+                loss_sums.append(loss_sum)
+                if self.steps.statistics:
                     piece_sq_norms.append(piece_sq_norm)
                     per_example.append(losses)
-                else:
-                    loss_sums.append(self.steps.micro_step(x, y, update_examples))
             except (tf.errors.ResourceExhaustedError, MemoryError) as exc:
                 # MemoryError: Python's own allocation failed (seen under an address-space cap
                 # while tracing, tools/bench); an out-of-memory all the same.
@@ -473,7 +464,7 @@ class _GovernedLoop:
 
 def _oom_message(exc: Exception, injected: str | None, steps: AccumulatingSteps) -> str:
     """OomEvent.message: the error's telling line; for an injected replica OOM, also why it happened."""
-    if injected is not None and steps.strategy is not None and not steps.local_steps:
+    if injected is not None and steps.injects_in_replica:
         return f"{injected} (in replica {steps.replicas - 1} of {steps.replicas}): {_first_line(exc)}"
     return _first_line(exc)
 

@@ -29,7 +29,7 @@ from edgebatch.errors import UsageError
 from edgebatch.governor import Decision, Governor, Observation, PressureReader
 from edgebatch.training.pruning import pruning_layers
 from edgebatch.training.replicas import check_governor_for_replicas
-from edgebatch.training.steps import batch_norm_layers, is_multi_worker, mirrored_strategy_of
+from edgebatch.training.model_checks import batch_norm_layers, is_multi_worker, mirrored_strategy_of
 
 __all__ = ["GovernorCallback", "MicroBatchController", "TfKerasGovernorCallback", "enable_micro_batching"]
 

@@ -22,7 +22,7 @@ from edgebatch.training.injection import injected_oom_plan
 from edgebatch.training.observability import RunLog
 from edgebatch.training.records import FitReport, UpdateRecord
 from edgebatch.training.replicas import check_governor_for_replicas, mirrored_governor_config
-from edgebatch.training.steps import (
+from edgebatch.training.model_checks import (
     batch_norm_layers,
     is_multi_worker,
     mirrored_strategy_of,

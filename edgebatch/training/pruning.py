@@ -20,7 +20,7 @@ __all__ = ["PruningSteps", "pruning_layers"]
 
 def pruning_layers(model: Any) -> list:
     """The model's TFMOT pruning wrappers (nested models included)."""
-    from edgebatch.training.steps import all_layers
+    from edgebatch.training.model_checks import all_layers
 
     return [
         layer for layer in all_layers(model)
