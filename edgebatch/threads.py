@@ -5,7 +5,7 @@ side in an order that changes from step to step, and a process's resident peak f
 overlap it has met so far: it climbs in jumps for up to 30 steps and differs between processes by
 several percent at one batch. With one inter-op thread the ops run one after another and the peak
 is the same in every step and process; lower for some models, higher for others
-(docs/probe-evidence.md, "Bumps", measured by tools/op_schedule_check.py). `edgebatch probe`
+(docs/probe-evidence.md, "Bumps", measured by tests/support/op_schedule_check.py). `edgebatch probe`
 runs its trials with one inter-op thread unless told otherwise (`--inter-op-threads`) and records
 the setting in the profile (`search.inter_op_threads`); its ceilings hold for training run with
 the same setting: call `edgebatch.set_inter_op_threads(1)` before building the model or running

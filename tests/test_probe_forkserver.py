@@ -58,7 +58,8 @@ def server():
 @pytest.mark.slow
 def test_a_forked_worker_measures_what_a_fresh_one_does(server):
     """A plain fork leaves TensorFlow's library pages out of the child's resident set (690 against
-    1019 MiB for small_cnn at 128, tools/forkserver_check.py): the retouch puts them back."""
+    1019 MiB for small_cnn at 128; docs/probe-evidence.md, "Fresh workers from a fork server"): the
+    retouch puts them back."""
     assert server.resident_pages > 10_000
     forked = start_worker(SETUP, server=server)
     fresh = start_worker(SETUP)

@@ -264,10 +264,10 @@ def test_with_one_inter_op_thread_the_peak_is_reached_at_once_and_the_probe_reco
     peak does not climb after the first steps, so a trial's settled reading is the long run's.
     transformer_tiny at 24 x 512 tokens climbed from 1,475 MiB at step 5 to 1,584 MiB at step 8
     with TensorFlow's pool; with one thread it stays within 2 MiB of step 3 for 16 steps
-    (tools/op_schedule_check.py, the script this test runs)."""
+    (tests/support/op_schedule_check.py, the script this test runs)."""
     assert small_cnn_profile.search["inter_op_threads"] == DEFAULT_INTER_OP_THREADS == 1
     done = subprocess.run(
-        [sys.executable, str(HERE.parent / "tools" / "op_schedule_check.py"), "--steps", "16",
+        [sys.executable, str(HERE / "support" / "op_schedule_check.py"), "--steps", "16",
          "--child", "transformer_tiny:24:512", str(DEFAULT_INTER_OP_THREADS)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

@@ -763,14 +763,14 @@ def test_a_childs_failure_the_line_already_puts_over_budget_is_not_read_again_as
 
 
 def test_the_replay_tool_finds_where_the_kept_unsafe_run_departs_from_the_search_now():
-    """tools/replay_search.py on the targeted run that answered an unsafe 36: the search now stops at
+    """tools/bench/replay_search.py on the targeted run that answered an unsafe 36: the search now stops at
     33 where that run read 34 again (docs/probe-evidence.md quotes the tool's output)."""
     import json
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "tools"))
+    sys.path.insert(0, str(root / "tools" / "bench"))
     import replay_search
 
     data = json.loads((root / "tools" / "bench" / "results" / "probe_mobilenet_v2_targeted_e3f0f9d.json").read_text())

@@ -166,7 +166,7 @@ def test_a_profiles_ceiling_at_any_length_uses_its_budget_margin_and_headroom():
 
 
 def test_the_forms_tool_refits_a_kept_run_as_the_probe_does():
-    """tools/token_model_forms.py's first form is the probe's own fit (each batch and length at its
+    """tools/bench/token_model_forms.py's first form is the probe's own fit (each batch and length at its
     lowest reading): on the kept b8a3557 run it predicts at 128 tokens what token_fit predicts from
     the same readings, one sample from the 308 the run's profile predicted with every reading
     fitted (docs/probe-evidence.md quotes it)."""
@@ -182,7 +182,7 @@ def test_the_forms_tool_refits_a_kept_run_as_the_probe_does():
     model = token_fit.fit_token_model([(r["batch"], r["length"], r["peak_bytes"]) for r in data["trial_readings"]])
     today = model.batch_for_bytes(data["fit_limit_bytes"], 128)
     assert abs(today - run_predicted) <= 1, (today, run_predicted)
-    out = subprocess.run([sys.executable, str(root / "tools" / "token_model_forms.py"), str(results)],
+    out = subprocess.run([sys.executable, str(root / "tools" / "bench" / "token_model_forms.py"), str(results)],
                          capture_output=True, text=True, check=True).stdout
     probe_line = next(line for line in out.splitlines() if line.startswith("probe's form"))
     assert f"128: {today}," in probe_line, probe_line

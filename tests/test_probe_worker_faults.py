@@ -370,9 +370,9 @@ def test_a_trial_whose_swap_grew_fails(tiny_runner, monkeypatch, swap_step_bytes
 @pytest.mark.slow  # a real worker: a TensorFlow import and a tiny model
 def test_a_closed_worker_exits_0_without_interpreter_shutdown(tmp_path, monkeypatch):
     """Interpreter shutdown (TensorFlow's teardown) took 1.3-1.9 s per new-process worker, on the
-    probe's critical path (tools/worker_exit_check.py). The worker now flushes and leaves with
-    os._exit: its replies all arrive, its exit code is 0, and atexit handlers, which only an
-    interpreter shutdown runs, do not run."""
+    probe's critical path (docs/probe-evidence.md, "What a probe costs, and why"). The worker now
+    flushes and leaves with os._exit: its replies all arrive, its exit code is 0, and atexit
+    handlers, which only an interpreter shutdown runs, do not run."""
     marker = tmp_path / "interpreter_shut_down"
     (tmp_path / "sitecustomize.py").write_text(
         "import atexit, os\n"

@@ -203,8 +203,8 @@ def resident_file_pages() -> array.array:
     it touches them again: small_cnn at 128 peaked at 690 MiB in forked children against 1019 MiB
     in fresh processes. So the server records these pages (/proc/self/pagemap, bit 63) and each
     child reads one byte of each before it starts (touch_pages), mapping what a fresh process maps
-    after the same import (`python tools/forkserver_check.py`; docs/probe-evidence.md, "Fresh
-    workers from a fork server").
+    after the same import (docs/probe-evidence.md, "Fresh workers from a fork server", has the
+    measurement and the command that made it).
     """
     page = os.sysconf("SC_PAGE_SIZE")
     addresses = array.array("Q")

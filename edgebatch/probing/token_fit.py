@@ -117,7 +117,7 @@ def fit_token_model(readings: Iterable[TokenReading]) -> TokenMemoryModel | None
 def low_level_points(readings: Iterable[TokenReading]) -> list[tuple[float, float, float]]:
     """The (batch, length, peak) points fit_token_model fits: each pair at its lowest reading, less
     the high draws (more than HIGH_DRAW_FRACTION above the fit of those, when they are at most
-    MAX_HIGH_DRAW_SHARE of them). tools/token_model_forms.py fits its other forms to the same points."""
+    MAX_HIGH_DRAW_SHARE of them). tools/bench/token_model_forms.py fits its other forms to the same points."""
     lowest: dict[tuple[int, int], float] = {}
     for b, length, peak in readings:
         key = (int(b), int(length))

@@ -17,7 +17,7 @@ readings the run made, not the answer a search under the other rule would have g
 would have gone elsewhere. It needs trial logs that say which trials ran in fresh workers and how
 they were started (`fresh`, `forked`), which the benchmark records since 7170769 (its first full run: 0258707).
 
-    python tools/spread_rules.py tools/bench/results/results.json
+    python tools/bench/spread_rules.py tools/bench/results/results.json
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ The probe's own form, peak = fixed + a x B x L + b x B x L^2, is fitted by
 `edgebatch.probing.token_fit.fit_token_model`; the others by plain least squares, over the same
 points (`token_fit.low_level_points`: each pair at its lowest reading, less the high draws).
 
-    python tools/token_model_forms.py tools/bench/results/seq_lens_trial_readings_b8a3557.json
+    python tools/bench/token_model_forms.py tools/bench/results/seq_lens_trial_readings_b8a3557.json
 
 docs/probe-evidence.md ("Probing per sequence length") quotes its output.
 """

@@ -7,12 +7,13 @@ builds the model with the probe's own `TrialRunner`, traces at batch 1, runs the
 inter-op thread: `tf.config.threading.set_inter_op_parallelism_threads(1)`, what `edgebatch probe`
 sets by default).
 
-Prints a table and writes JSON (--out): per process, the peak after every step and the median step
-time. Read it for: the peak after step 1, 3, 10 and the last; the step of the last rise of more
-than 5 MiB; and the spread of the last peak between processes.
+Prints a table and, with --out, writes JSON: per process, the peak after every step and the median
+step time. Read it for: the peak after step 1, 3, 10 and the last; the step of the last rise of
+more than 5 MiB; and the spread of the last peak between processes. tests/test_probe_real.py runs
+one of its processes (`--child`).
 
-    python tools/op_schedule_check.py                       # the cases below, 3 processes each, 30 steps
-    python tools/op_schedule_check.py --case small_cnn:300 --case transformer_tiny:87:256 --repeats 5
+    python tests/support/op_schedule_check.py               # the cases below, 3 processes each, 30 steps
+    python tests/support/op_schedule_check.py --case small_cnn:300 --case transformer_tiny:87:256 --repeats 5
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def main() -> None:
     parser.add_argument("--case", action="append", help="MODEL:BATCH[:TOKENS]; repeatable")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--out", default="tools/bench/results/op_schedule.json")
+    parser.add_argument("--out", help="write every process's readings here as JSON")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "SETTING"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -98,10 +99,11 @@ def main() -> None:
                 p = run["peaks_mib"]
                 print(f"{case:<26} {setting:>8} {p[0]:>7.0f} {p[2]:>7.0f} {p[min(9, len(p) - 1)]:>7.0f} {p[-1]:>7.0f} "
                       f"{last_rise_step(p):>9} {run['step_seconds']:>6.2f}", flush=True)
-    with open(args.out, "w") as handle:
-        json.dump({"steps": args.steps, "repeats": args.repeats, "runs": runs, "load_average": os.getloadavg()}, handle,
-                  indent=1)
-    print(f"wrote {args.out}")
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump({"steps": args.steps, "repeats": args.repeats, "runs": runs, "load_average": os.getloadavg()},
+                      handle, indent=1)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

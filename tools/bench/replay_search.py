@@ -15,7 +15,7 @@ measurement margin, with one inter-op thread (no bump edge fraction), as the ben
 an address-space cap it is the run's own (its worker's size after setup plus the cap).
 
     git show 2122726:tools/bench/results/results.json > /tmp/results_2e04e3d.json
-    python tools/replay_search.py /tmp/results_2e04e3d.json
+    python tools/bench/replay_search.py /tmp/results_2e04e3d.json
 """
 
 from __future__ import annotations
