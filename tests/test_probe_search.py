@@ -680,7 +680,7 @@ def test_a_bump_only_fork_server_children_read_is_read_again_in_a_new_process():
 
 
 def test_a_childs_near_miss_that_bounds_the_answer_is_read_again_in_a_new_process():
-    """mobilenet_v2 under 1.5 GiB (Intel Xeon, tools/bench/results/probe_mobilenet_v2_targeted_2e04e3d.json):
+    """mobilenet_v2 under 1.5 GiB (Intel Xeon, the targeted run at 2e04e3d in docs/probe-evidence.md):
     children read 30-34 at 1,521-1,527 MiB against the 1,520.6 MiB limit, new processes read 30-35 at
     1,505-1,510 MiB at most, and the probe answered 32 against a truth of 35. A child's failure that
     sits on the line (no bump) but within CHILD_LIFT_FRACTION of the limit bounds the answer only
