@@ -245,7 +245,7 @@ def render(data: dict) -> str:
                     f"{row['over']} / {row['processes']} | {row['share_upper']:.0%} | {span} |")
     return "\n".join([
         SECTION_START, "",
-        "## 11. Over the budget at an answer: a share of new processes, not a yes or no (issue 9)", "",
+        "## 13. Over the budget at an answer: a share of new processes, not a yes or no (issue 9)", "",
         f"`python tools/bench/answer_failures.py` (commit {env.get('git_commit') or '-'}, {when}, "
         f"{env.get('cpu', '-')}, {env.get('cores', '-')} cores) on the answers of `{Path(data['results']).name}` "
         f"(section 1's run at commit {source.get('git_commit') or '-'}, {source.get('cpu', '-')}). Each batch ran in "

@@ -292,7 +292,7 @@ def markdown(data: dict) -> str:
     fraction = data.get("fit_limit_fraction", UNRECORDED_FIT_MARGIN)
     lines = [
         SECTION_START,
-        "## Models prepared for the edge (issue 15, item 4): mobilenet_v2 ceilings against fresh processes",
+        "## 9. Models prepared for the edge (issue 15, item 4): mobilenet_v2 ceilings against fresh processes",
         "",
         (f"`{data['command']}` on {env['date_utc']} (commit {env['git_commit']}, {data['seconds']:.0f} s; "
          f"machine {env['cpu']}, {env['cores']} cores, shared with other sessions: load average at the start "

@@ -160,7 +160,7 @@ def render(data: dict) -> str:
     table = ", ".join(f"{length}: {entry['safe_batch']}" for length, entry in data["per_length"].items())
     lines = [
         SECTION_START, "",
-        "## 10. Micro-batches by length against one ceiling (issue 14, item 3)", "",
+        "## 12. Micro-batches by length against one ceiling (issue 14, item 3)", "",
         f"`python tools/bench/length_ceilings_bench.py` (commit {data['environment'].get('git_commit')}; load average "
         f"{data['load_average_start']} before, {data['load_average_end']} after). `transformer_tiny` probed per length "
         f"under {budget_mib:.0f} MiB ({data['probe_seconds']:.0f} s), then trained for {data.get('epochs', 1)} epoch(s) on the standard "

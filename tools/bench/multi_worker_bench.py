@@ -206,7 +206,7 @@ def render(data: dict) -> str:
     gap_equal = s["measured_equal_seconds"] - s["predicted_equal_seconds"]
     lines = [
         SECTION_START, "",
-        "## 8. Multi-worker fit: planned shares against the equal split (issue 12)", "",
+        "## 10. Multi-worker fit: planned shares against the equal split (issue 12)", "",
         f"`python tools/bench/multi_worker_bench.py` (commit {data['environment'].get('git_commit')}; load average "
         f"before {data['load_average_start']}). Two `edgebatch.fit` workers under MultiWorkerMirroredStrategy on "
         "127.0.0.1: `fast` alone on CPU 0, `slow` on CPU 1 beside a busy loop; effective batch "

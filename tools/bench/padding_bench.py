@@ -151,7 +151,7 @@ def render(data: dict) -> str:
     window_gain = (statistics.median(gains), min(gains), max(gains))
     lines = [
         SECTION_START, "",
-        "## 9. Variable-length batches: padding and tokens/s (issue 14)", "",
+        "## 11. Variable-length batches: padding and tokens/s (issue 14)", "",
         f"`python tools/bench/padding_bench.py` (commit {data['environment'].get('git_commit')}; load average before "
         f"{data['load_average_start']}). `transformer_tiny` on the standard library's docstrings ({data['corpus']}, "
         f"{data['examples']} training texts, at most {MAX_TOKENS} tokens), one epoch per run, {data['repeats']} "

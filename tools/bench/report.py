@@ -6,15 +6,41 @@ Pure formatting and matplotlib (Agg backend); no TensorFlow. Every figure is sho
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
-from harness import MIB, Stat, stat_of
+from harness import MIB, RESULTS_DIR, Stat, stat_of
 
 PLOTS = {
     "memory": "memory_vs_batch.png",
     "throughput": "throughput_vs_batch.png",
     "pressure": "batch_over_time.png",
+}
+# The sections run.py writes, in the file's order, with their headings.
+TITLES = {
+    "probe": "1. Probe accuracy and cost",
+    "governor": "2. Governor cost",
+    "training": "3. Training throughput",
+    "retracing": "4. Retracing as the micro-batch changes",
+    "neighbour": "5. A neighbour takes memory mid-run, then leaves",
+}
+# The sections other benches write, each between its `<!-- NAME:start -->` and `<!-- NAME:end -->`
+# markers (write_markdown keeps them as they stand), by NAME: the results file the bench writes,
+# whose `environment` names the commit and date of the run, and the command that reproduces the
+# section where that file records none (`{key}` takes the file's value of key).
+KEPT_SOURCES = {
+    "fleet_plan_bench": ("fleet_plan.json", "python tools/bench/fleet_plan_bench.py --benchmarks-md BENCHMARKS.md"),
+    "adapt_eval": ("adapt_eval.json", "python tools/bench/adapt_eval.py --benchmarks-md BENCHMARKS.md"),
+    "seq_len_bench": ("seq_lens.json", "python tools/bench/seq_len_bench.py --trial-seconds {trial_seconds:g} "
+                      "--benchmarks-md BENCHMARKS.md"),
+    "edge_models_bench": ("edge_models.json", "python tools/bench/edge_models_bench.py --benchmarks-md BENCHMARKS.md"),
+    "multi_worker_bench": ("multi_worker.json", "python tools/bench/multi_worker_bench.py --benchmarks-md BENCHMARKS.md"),
+    "padding_bench": ("padding.json", "python tools/bench/padding_bench.py --benchmarks-md BENCHMARKS.md"),
+    "length_ceilings_bench": ("length_ceilings.json",
+                              "python tools/bench/length_ceilings_bench.py --benchmarks-md BENCHMARKS.md"),
+    "answer_failures": ("answer_failures.json", "python tools/bench/answer_failures.py {results} --truth --methods "
+                        "slow_start,slow_start:safe,binsearch,binsearch_checked --benchmarks-md BENCHMARKS.md"),
 }
 
 
@@ -412,11 +438,14 @@ def write_markdown(results: dict, path: Path, plots_dir: Path) -> None:
     sections = results.get("sections", {})
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
     relative = plots_dir.resolve().relative_to(path.resolve().parent)
+    kept = kept_sections(path.read_text() if path.exists() else "")
     lines = [
         "# Benchmarks",
         "",
-        f"Written by `python tools/bench/run.py{' --quick' if mode['name'] == 'quick' else ''}` on {env['date_utc']}; "
-        f"raw numbers in `{relative}/results.json`. Rerun to refresh; do not edit by hand.",
+        *header_lines(results, kept, relative),
+        "",
+        f"The last run, `{results.get('command') or 'python tools/bench/run.py'}` ({env['date_utc']}, commit "
+        f"{env.get('git_commit') or '-'}; raw numbers in `{relative}/results.json`):",
         "",
         f"- Machine: {env['cpu']}, {env['cores']} cores, {env['memory_total_bytes'] / 2**30:.1f} GiB RAM; {env['platform']}",
         f"- Versions: Python {env['python']}, {versions}; commit {env.get('git_commit') or '-'}",
@@ -430,12 +459,9 @@ def write_markdown(results: dict, path: Path, plots_dir: Path) -> None:
         "",
         *_table(["target", "measured", "verdict"], targets(results)),
     ]
-    titles = {"probe": "1. Probe accuracy and cost", "governor": "2. Governor cost", "training": "3. Training throughput",
-              "retracing": "4. Retracing as the micro-batch changes",
-              "neighbour": "5. A neighbour takes memory mid-run, then leaves"}
     writers = {"probe": probe_lines, "governor": governor_lines, "training": training_lines, "retracing": retracing_lines,
                "neighbour": neighbour_lines}
-    for key, title in titles.items():
+    for key, title in TITLES.items():
         lines += ["", f"## {title}", ""]
         if key in results.get("errors", {}):
             lines.append(f"Failed: `{results['errors'][key].strip().splitlines()[-1]}` (traceback in results.json).")
@@ -448,17 +474,87 @@ def write_markdown(results: dict, path: Path, plots_dir: Path) -> None:
         if (plots_dir / name).exists():
             lines.append(f"![{name}]({relative}/{name})")
     lines += ["", *results.get("notes", [])]
-    kept = kept_sections(path.read_text() if path.exists() else "")
     path.write_text("\n".join(lines).rstrip() + "\n" + "".join("\n" + block + "\n" for block in kept))
 
 
+def header_lines(results: dict, kept: list[str], relative: Path) -> list[str]:
+    """What each section is, the commit and date it was run at, and the command that reproduces it:
+    run.py's sections from results.json (a section --only carried over keeps its own run's), the
+    others from the results files their benches write (KEPT_SOURCES, in RESULTS_DIR) and their
+    headings in the kept blocks. `relative`: where results.json lies, from the markdown file."""
+    rows = [[title.split(". ", 1)[0], title.split(". ", 1)[1], *_run_py_provenance(results, key)]
+            for key, title in TITLES.items()]
+    first_kept = None
+    by_hand = []
+    for block in kept:
+        name = re.match(r"<!-- ([\w.-]+):start -->", block).group(1)
+        heading = re.search(r"^## (?:(\d+)\. )?(.+)$", block, re.M)
+        if heading is None:  # a block without a heading of its own: a reading of the section above it
+            by_hand.append(rows[-1][0])
+            rows[-1][1] += "; the reading under it is written by hand"
+            continue
+        number, title = heading.group(1) or "-", heading.group(2)
+        first_kept = first_kept or number
+        rows.append([number, title, *_kept_provenance(name, RESULTS_DIR)])
+    return [
+        "Each section was measured at its own commit and date, as the table says. `python "
+        f"tools/bench/run.py` writes the targets, sections {rows[0][0]}-{rows[len(TITLES) - 1][0]} and the plots "
+        f"from `{relative}/results.json`"
+        + (f"; sections {first_kept} and on are each written by their own script, between start and end markers "
+           "(HTML comments) that run.py keeps as they stand" if first_kept else "")
+        + ". Rerun a section's command to refresh it; do not edit by hand."
+        + (f" One block is written by hand, and says so: the reading under section {', '.join(by_hand)}."
+           if by_hand else ""),
+        "",
+        *_table(["section", "what", "run at (commit, date)", "command that reproduces it"], rows),
+    ]
+
+
+def _run_py_provenance(results: dict, key: str) -> list[str]:
+    """[commit and date, command] of a section run.py writes: this run's, or the earlier run's it was carried from."""
+    origin = results.get("carried", {}).get(key)
+    if origin is None:
+        env = results.get("environment", {})
+        origin = {"git_commit": env.get("git_commit"), "date_utc": env.get("date_utc"),
+                  "mode": results.get("mode", {}).get("name"), "command": results.get("command")}
+    if key not in results.get("sections", {}) or key in results.get("errors", {}):
+        return ["not run", f"`python tools/bench/run.py --only {key}`"]
+    quick = " --quick" if origin.get("mode") == "quick" else ""
+    command = origin.get("command") or f"python tools/bench/run.py{quick} --only {key}"
+    return [_run_at(origin.get("git_commit"), origin.get("date_utc")), f"`{command}`"]
+
+
+def _kept_provenance(name: str, results_dir: Path) -> list[str]:
+    """[commit and date, command] of a section another bench writes, from the results file it writes."""
+    if name not in KEPT_SOURCES:
+        return ["-", "-"]
+    file_name, command = KEPT_SOURCES[name]
+    try:
+        data = json.loads((results_dir / file_name).read_text())
+    except (OSError, ValueError):
+        return [f"- (no {file_name})", "-"]
+    env = data.get("environment") or {}
+    try:
+        command = data.get("command") or command.format(**data)
+    except (KeyError, ValueError):
+        command = command.split(" {", 1)[0] + " ..."
+    return [_run_at(env.get("git_commit"), env.get("date_utc")), f"`{command}`"]
+
+
+def _run_at(commit: str | None, date_utc: str | None) -> str:
+    return f"{commit or '-'}, {(date_utc or '-')[:10]}"
+
+
 def carried_lines(carried: dict) -> list[str]:
-    """One line per earlier run whose sections run.py --only kept: which sections, at what commit and date."""
+    """One line per earlier run whose sections run.py --only kept: which sections, at what commit and date
+    (and on what CPU, where recorded)."""
     runs: dict[tuple, list[str]] = {}
     for name, origin in carried.items():
-        runs.setdefault((origin.get("mode") or "", origin.get("git_commit") or "-", origin.get("date_utc") or "-"), []).append(name)
-    return [f"- Sections {', '.join(names)}: carried over from an earlier {mode} run (commit {commit}, {date}); the "
-            "lines above describe this run." for (mode, commit, date), names in runs.items()]
+        run = (origin.get("mode") or "", origin.get("git_commit") or "-", origin.get("date_utc") or "-", origin.get("cpu"))
+        runs.setdefault(run, []).append(name)
+    return [f"- Sections {', '.join(names)}: carried over from an earlier {mode} run (commit {commit}, {date}"
+            f"{f', {cpu}' if cpu else ''}); the lines above describe this run."
+            for (mode, commit, date, cpu), names in runs.items()]
 
 
 def kept_sections(markdown: str) -> list[str]:
@@ -467,7 +563,8 @@ def kept_sections(markdown: str) -> list[str]:
     run.py rewrites the file from results.json; a section that another benchmark owns (for example
     tools/bench/fleet_plan_bench.py's) is carried over as it stands instead of being dropped.
     """
-    return [match.group(0) for match in re.finditer(r"<!-- ([\w.-]+):start -->.*?<!-- \1:end -->", markdown, re.S)]
+    return [match.group(0) for match in re.finditer(r"^<!-- ([\w.-]+):start -->$.*?^<!-- \1:end -->$", markdown,
+                                                    re.S | re.M)]
 
 
 def write_plots(results: dict, plots_dir: Path) -> list[str]:

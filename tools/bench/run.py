@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 import traceback
@@ -64,7 +65,8 @@ NOTES = [
     "fresh failure just above it, and its line needs three readings before it may jump. A search that jumped straight "
     "onto the edge would still take 3 + 1 + 1 + 2 = 7 trials, more than half of binsearch's count wherever binsearch "
     "takes fewer than 14. Its wall time would hold the answer's two new processes (a TensorFlow import each; side by "
-    "side they took 13.1 s for dense_wide on the AMD host, tools/probe_timeline.py), over 0.6x of a binsearch run "
+    "side they took 13.1 s for dense_wide on the AMD host; docs/probe-evidence.md, \"What a probe costs, and why\"), "
+    "over 0.6x of a binsearch run "
     "shorter than 22 s (dense_wide's took 16 s). 'trials / checked' and 'wall / checked' take the rule's price out.",
     "- Every process under an address-space cap (probe workers, truth runs, pressure runs) runs with "
     "MALLOC_ARENA_MAX=2: glibc's per-thread arenas reserve 64 MiB of address space each and moved capped "
@@ -114,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                  {name: s for name, s in EXTRA_SECONDS[mode.name].items() if name in only})
     mode = harness.Mode(mode.name, mode.repeats, mode.budget_seconds * ends.pop("total_over_base"))
     deadline = Deadline(mode.budget_seconds)
+    command = " ".join(["python tools/bench/run.py", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
     results: dict = {"mode": {"name": mode.name, "repeats": mode.repeats, "budget_seconds": mode.budget_seconds},
-                     "environment": environment(), "sections": {}, "errors": {}, "section_seconds": {}}
+                     "command": command, "environment": environment(), "sections": {}, "errors": {},
+                     "section_seconds": {}}
     runners = {
         "probe": lambda: _section("probe_bench").run(mode, deadline, ends["probe_methods"], ends["probe"]),
         "governor": lambda: _section("governor_bench").run(mode, deadline, ends["governor"]),
@@ -163,7 +167,8 @@ def _ends(shares: dict[str, float], base_seconds: float, extra_seconds: dict[str
 
 def _carry_over(results: dict, previous_path: Path, only: list[str]) -> None:
     """With --only, the sections not run now are kept from the previous results.json, each with the
-    commit and date it was measured at (report.py names them), so one section can be rerun alone."""
+    commit, date and command it was measured with (report.py names them), so one section can be
+    rerun alone."""
     if set(only) >= set(SECTIONS) or not previous_path.exists():
         return
     previous = json.loads(previous_path.read_text())
@@ -174,7 +179,7 @@ def _carry_over(results: dict, previous_path: Path, only: list[str]) -> None:
         results["sections"][name] = previous["sections"][name]
         results.setdefault("carried", {})[name] = previous.get("carried", {}).get(name) or {
             "git_commit": env.get("git_commit"), "date_utc": env.get("date_utc"),
-            "mode": previous.get("mode", {}).get("name"),
+            "mode": previous.get("mode", {}).get("name"), "command": previous.get("command"), "cpu": env.get("cpu"),
         }
 
 

@@ -268,7 +268,7 @@ def markdown(data: dict) -> str:
     model = token_model_of(data)
     lines = [
         SECTION_START,
-        "## Ceiling per sequence length (issue 14, item 2)",
+        "## 8. Ceiling per sequence length (issue 14, item 2)",
         "",
         f"`{data['model']}` probed per length at {', '.join(map(str, data['probe_lens']))} tokens under a "
         f"{data['budget_bytes'] / mib:.0f} MiB resident budget (`--trial-seconds {data['trial_seconds']:g}`), in "
