@@ -167,8 +167,8 @@ def test_an_adaptive_batch_with_length_ceilings_equals_the_plain_loop_fed_its_up
 
 
 def test_variable_length_updates_give_the_governor_no_step_time():
-    """An update's time follows its lengths (README.md, "Govern training": 256 docstrings an
-    update took 0.04-5.2 s, and a default governor fed those times halved the micro-batch without
+    """An update's time follows its lengths (docs/guide-sequences.md, "Train on variable-length
+    examples": 256 docstrings an update took 0.04-5.2 s, and a default governor fed those times halved the micro-batch without
     any memory pressure), so for variable-length examples the governor gets no step time: a
     slow-step rule that would fire on any 1% slowdown moves nothing."""
     tokens, labels = sequences()
