@@ -43,7 +43,7 @@ def test_seconds_left_come_from_the_fresh_trials_where_any_ran():
     times = [eta.TrialTime(2.0, fresh=False), eta.TrialTime(20.0, fresh=True), eta.TrialTime(30.0, fresh=True)]
     assert eta.estimate(4, times) == eta.Estimate(trials_left=4, seconds_left=100.0)
     assert eta.estimate(3, times[:1]).seconds_left == pytest.approx(6.0)
-    assert eta.estimate(None, times) is None and eta.estimate(3, []) is None
+    assert eta.estimate(None, times) is None and eta.estimate(3, []) is None and eta.estimate(0, times) is None
 
 
 @pytest.mark.parametrize(("left", "seconds", "text"), [

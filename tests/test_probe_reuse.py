@@ -33,6 +33,7 @@ class StandInWorker:
     step_seconds_per_sample = None
     trials_run = 0
     forked = False
+    started_ahead = False
 
     def run_trial(self, batch):
         self.begin_trial(batch)
@@ -426,6 +427,11 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
 
         def start(self, setup_for):
             return start_worker(setup_for(False), server=self.server)
+
+        def new_process(self, setup):  # no workers started ahead here (tests/test_probe_spares.py has them)
+            return api.start_worker(setup)
+
+        spawn_new_process = new_process
 
     script = iter([Run(300, fresh=True), Run(300, fresh=True, readings=1), Run(300, fresh=True, readings=2),
                    Done(300)])

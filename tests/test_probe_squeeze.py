@@ -78,6 +78,7 @@ def test_a_search_whose_failures_met_a_squeezed_host_gives_no_answer(monkeypatch
         step_seconds_per_sample = None
         trials_run = 0
         forked = False
+        started_ahead = False
         process = Process()
 
         def run_trial(self, batch):

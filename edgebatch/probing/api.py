@@ -44,6 +44,7 @@ from edgebatch.probing.outcomes import (
     peak_spread_fraction,
 )
 from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
+from edgebatch.probing.spares import SpareWorkers, no_room_line, spare_count
 from edgebatch.probing.squeeze import RoomWatch, host_room_with_workers
 from edgebatch.probing.trial import MAX_STEPS_PER_TRIAL
 from edgebatch.probing.worker import (
@@ -112,6 +113,14 @@ def _fresh_setup(setup: WorkerSetup, batch: int, start_batch: int, *, new_proces
     steps_per_trial = max(setup.steps_per_trial, REPEAT_STEPS) if repeat else setup.steps_per_trial
     return WorkerSetup(**{**setup.__dict__, "prewarm_batch": prewarm, "prewarm_steps": steps,
                           "steps_per_trial": steps_per_trial})
+
+
+def _spare_setup(setup: WorkerSetup, config: SearchConfig, fork: _FreshWorkers) -> WorkerSetup:
+    """The setup of the new-process workers the search will ask for: repeats where a fork server
+    serves first readings, first readings as well where none does. With one inter-op thread it
+    does not depend on the batch (prewarm_of); with the pool it does only below twice the start."""
+    return _fresh_setup(setup, config.max_batch_limit, config.start_batch, new_process=True,
+                        repeat=fork.server is not None)
 
 
 Progress = Callable[[str], None]
@@ -340,6 +349,8 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
             f"model {model_facts['name']}: {model_facts['parameters']:,} parameters, {model_facts['keras_flavor']}{optimized}"
         )
         fork = _FreshWorkers(device, budget_bytes, progress)
+        if not lengths:
+            fork.start_spares(_spare_setup(setup, config, fork), baseline)
         # An overcommitted budget is above the room by the user's choice: failures there are theirs to judge.
         watch = RoomWatch(None if request.allow_overcommit else host_room_with_workers(device))
         search = functools.partial(_search, watch=watch)
@@ -422,20 +433,25 @@ def _search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], mea
             for worker in workers:
                 worker.close()
             workers.clear()
-            new_trials = _repeats_side_by_side(step.batch, together, config, setup, measure,
-                                               seconds_per_sample=_seconds_per_sample_seen(trials))
-            note = f"  (fresh worker, a new process; {together} side by side)"
+            new_trials, ahead = _repeats_side_by_side(step.batch, together, config, setup, measure,
+                                                      seconds_per_sample=_seconds_per_sample_seen(trials), fork=fork)
+            started = f", {ahead} of them started ahead" if ahead else ""
+            note = f"  (fresh worker, a new process; {together} side by side{started})"
         else:
-            worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh, fork=None if repeat else fork,
-                                 repeat=repeat)
+            worker = _worker_for(step.batch, config, setup, workers, fresh=step.fresh, fork=fork, repeat=repeat)
             if worker.step_seconds_per_sample is None:
                 worker.step_seconds_per_sample = _seconds_per_sample_seen(trials)
             reply = worker.run_trial(step.batch)
             fresh = worker.trials_run == 1
             new_trials = [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=fresh,
                                               forked=worker.forked)]
-            note = "  (fresh worker, a new process)" if repeat and forked_otherwise else "  (fresh worker)"
+            if worker.started_ahead:
+                note = "  (fresh worker, a new process started ahead)"
+            else:
+                note = "  (fresh worker, a new process)" if repeat and forked_otherwise else "  (fresh worker)"
         watch.note(new_trials, (room_before, watch.room(workers)))
+        if fork is not None and step.fresh:
+            fork.refill_spares()
         each_seconds = (time.monotonic() - step_began) / len(new_trials)
         for trial in new_trials:
             # The scout's first trial is fresh but its start-up came before the search: it times no start-up.
@@ -503,22 +519,23 @@ def _seconds_per_sample_seen(trials: list[Trial]) -> float | None:
 
 
 def _repeats_side_by_side(batch: int, count: int, config: SearchConfig, setup: WorkerSetup, measure: str,
-                          seconds_per_sample: float | None = None) -> list[Trial]:
-    """`count` fresh trials at `batch` at once, each in a new worker process, in the order they were started.
+                          seconds_per_sample: float | None = None,
+                          fork: _FreshWorkers | None = None) -> tuple[list[Trial], int]:
+    """`count` fresh trials at `batch` at once, each in a new worker process, in the order they were
+    started, and how many of those processes were started ahead (fork.spawn_new_process).
 
     `seconds_per_sample` foresees the trial's step time for its deadline (_seconds_per_sample_seen).
     All of them are started before any is waited for, so their TensorFlow imports overlap, and then
     their trials run together. One thread does it all, the one that runs the probe: the workers die
     with it (PR_SET_PDEATHSIG), and Ctrl-C or SIGTERM kills them at once, as it does the search's
-    other workers. (With a thread per worker the probe waited on SIGTERM until every trial had
-    finished: 19.0 s for small_cnn under 3 GiB, 0.4 s now; `python tools/stop_timing.py --after-fits 7 --delay 8`.)
+    other workers (a thread per worker would make a stop wait for every trial to finish).
     """
     fresh_setup = _fresh_setup(setup, batch, config.start_batch, new_process=True, repeat=True)
     started: list[Worker] = []
     stopping = True
     try:
         for _ in range(count):
-            started.append(spawn_worker(fresh_setup))
+            started.append(fork.spawn_new_process(fresh_setup) if fork is not None else spawn_worker(fresh_setup))
         for worker in started:
             await_ready(worker)
             if worker.step_seconds_per_sample is None:
@@ -530,14 +547,16 @@ def _repeats_side_by_side(batch: int, count: int, config: SearchConfig, setup: W
     finally:
         for worker in started:
             worker.close(at_once=stopping)
-    return [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=True, forked=False)
-            for reply in replies]
+    trials = [dataclasses.replace(_trial_from_reply(reply, measure, config.budget_bytes), fresh=True, forked=False)
+              for reply in replies]
+    return trials, sum(1 for worker in started if worker.started_ahead)
 
 
 def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: list[Worker], fresh: bool = False,
                 fork: _FreshWorkers | None = None, repeat: bool = False) -> Worker:
     """The live worker whose readings stay right at `batch`, or a fresh one (see worker.py); a
-    fresh one for a `repeat` runs REPEAT_STEPS steps (_fresh_setup).
+    fresh one for a `repeat` is a new process (never a fork-server child) and runs REPEAT_STEPS
+    steps (_fresh_setup).
 
     Workers that cannot run this trial (all of them when the search asks for a `fresh` one) are
     closed first: a scout that ran a batch above this one may hold most of the budget in resident
@@ -555,7 +574,10 @@ def _worker_for(batch: int, config: SearchConfig, setup: WorkerSetup, workers: l
     def setup_for(new_process: bool) -> WorkerSetup:
         return _fresh_setup(setup, batch, config.start_batch, new_process=new_process, repeat=repeat)
 
-    fresh = fork.start(setup_for) if fork is not None else start_worker(setup_for(True))
+    if fork is None:
+        fresh = start_worker(setup_for(True))
+    else:
+        fresh = fork.new_process(setup_for(True)) if repeat else fork.start(setup_for)
     workers.append(fresh)
     return fresh
 
@@ -567,7 +589,7 @@ def fits_side_by_side(count: int, room_bytes: int | None, budget_bytes: int, cor
 
 
 # What the fork server keeps to itself: 286 MiB anonymous memory after importing TensorFlow and
-# Keras here (tools/forkserver_check.py prints it), rounded up. Children share it copy-on-write.
+# Keras (docs/probe-evidence.md, "Fresh workers from a fork server"), rounded up. Children share it copy-on-write.
 FORK_SERVER_RESERVE_BYTES = 512 * 1024**2
 
 
@@ -587,6 +609,7 @@ class _FreshWorkers:
 
         self._progress = progress
         self.server = None
+        self.spares: SpareWorkers | None = None
         self._budget_bytes = budget_bytes
         self._room_bytes = room = device_room_bytes(device) if fork_server_wanted(device) else None
         if room is not None and room - budget_bytes >= FORK_SERVER_RESERVE_BYTES:
@@ -606,10 +629,40 @@ class _FreshWorkers:
                 return start_worker(setup_for(False), server=self.server)
             except ForkServerError as error:
                 self._progress(f"  {error}; fresh workers start as new processes")
-                self.close()
-        return start_worker(setup_for(True))
+                self.close_server()
+        return self.new_process(setup_for(True))
+
+    def start_spares(self, setup: WorkerSetup, baseline_bytes: int | None) -> None:
+        """Start the new-process workers the room allows ahead of need (spares.py), or say there is none."""
+        reserve = FORK_SERVER_RESERVE_BYTES if self.server is not None else 0
+        count = spare_count(self._room_bytes, self._budget_bytes, reserve, baseline_bytes, os.cpu_count() or 1)
+        if count == 0:
+            self._progress(no_room_line(self._room_bytes, self._budget_bytes))
+            return
+        self.spares = SpareWorkers(setup, count, self._progress)
+        self._progress(f"  {count} new-process worker(s) will be started ahead of the fresh readings that need them")
+
+    def refill_spares(self) -> None:
+        """Start spares up to their count (after a step that read fresh: see SpareWorkers)."""
+        if self.spares is not None:
+            self.spares.fill()
+
+    def new_process(self, setup: WorkerSetup) -> Worker:
+        """A ready fresh worker started as a new process: a spare where one matches `setup`, else started now."""
+        spare = self.spares.take(setup) if self.spares is not None else None
+        return spare if spare is not None else start_worker(setup)
+
+    def spawn_new_process(self, setup: WorkerSetup) -> Worker:
+        """As new_process, but not waited for (await_ready): a spare may still be starting."""
+        spare = self.spares.take(setup, ready=False) if self.spares is not None else None
+        return spare if spare is not None else spawn_worker(setup)
 
     def close(self) -> None:
+        if self.spares is not None:
+            self.spares.close()
+        self.close_server()
+
+    def close_server(self) -> None:
         if self.server is not None:
             self.server.close()
             self.server = None

@@ -64,7 +64,7 @@ def trials_left(config: SearchConfig, outcomes: Sequence[Outcome], checks_answer
 
 def estimate(left: int | None, times: Sequence[TrialTime]) -> Estimate | None:
     """`left` trials at the mean wall time of the fresh trials so far (of all trials before any ran fresh)."""
-    if left is None or not times:
+    if not left or not times:
         return None
     fresh = [t.seconds for t in times if t.fresh] or [t.seconds for t in times]
     return Estimate(trials_left=left, seconds_left=left * sum(fresh) / len(fresh))

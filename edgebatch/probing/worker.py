@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import select
 import signal
@@ -71,7 +72,7 @@ DEFAULT_TRIAL_SECONDS = 10.0
 # TensorFlow inter-op threads in a worker (0: TensorFlow's own pool, one thread per core). With
 # the pool the resident peak follows the worst overlap of ops seen so far and climbs at random
 # steps, differently in every process; with one thread it is the same in every step and process,
-# at the same step time (docs/tensorflow-memory.md, "Inter-op threads"; tools/op_schedule_check.py).
+# at the same step time (docs/tensorflow-memory.md, "Inter-op threads"; tests/support/op_schedule_check.py).
 # A ceiling holds for training run with the same setting (edgebatch.set_inter_op_threads).
 DEFAULT_INTER_OP_THREADS = 1
 
@@ -131,10 +132,10 @@ class _LineReader:
             if self.at_end:
                 line, self.buffer = self.buffer, b""
                 return line or None
+            # Past the deadline, what the pipe already holds is still read (a worker started ahead
+            # may have said it was ready long before it is asked): poll(0) looks without waiting.
             remaining = deadline_monotonic - time.monotonic()
-            if remaining <= 0:
-                raise _ReplyTimeout()
-            if not self.poller.poll(max(1, int(remaining * 1000))):
+            if not self.poller.poll(max(0, math.ceil(remaining * 1000))):
                 raise _ReplyTimeout()
             chunk = os.read(self.fd, 65536)
             if chunk:
@@ -182,6 +183,8 @@ class Worker:
     forked: bool = False
     # What the worker said the model is once it was built (await_identity); None until then.
     identity: dict | None = None
+    # Spawned ahead of need as a spare (spares.py), not when its trial was asked for.
+    started_ahead: bool = False
     # When it was started (time.monotonic()): its start-up deadline counts from here.
     started_monotonic: float = field(default_factory=time.monotonic)
     # (batch, swap bytes before, reply deadline on time.monotonic(), request sent) between
@@ -677,7 +680,7 @@ def run_and_exit() -> NoReturn:
     by then, and nothing it holds needs an orderly end: the kernel frees its memory and descriptors
     either way. The shutdown was costly: a median 1.27-1.68 s through `sys.exit` (TensorFlow's
     teardown) against 0.11-0.16 s this way, paid once per new process on the probe's critical path
-    (`python tools/worker_exit_check.py`; docs/probe-evidence.md, "What a probe costs, and why").
+    (docs/probe-evidence.md, "What a probe costs, and why").
     """
     code = 1
     try:

@@ -1,0 +1,124 @@
+"""Workers started ahead of need (probing/spares.py): how many the room allows, and how they are
+handed over, replaced and stopped. Pure and stand-in tests; tests/test_probe_spares_real.py runs them."""
+
+import pytest
+
+from edgebatch.probing import spares
+from edgebatch.probing.spares import MAX_SPARES, SPARE_SIZE_FACTOR, SpareWorkers, spare_count
+from edgebatch.probing.worker import WorkerSetup
+
+MIB = 1024**2
+GIB = 1024**3
+BASELINE = 400 * MIB
+RESERVE = 512 * MIB
+
+
+def room_for(spare_bytes_count, budget=GIB, cores=2):
+    return cores * budget + RESERVE + int(spare_bytes_count * BASELINE * SPARE_SIZE_FACTOR)
+
+
+@pytest.mark.parametrize(("room", "baseline", "cores", "count"), [
+    (room_for(2), BASELINE, 2, 2),
+    (room_for(5), BASELINE, 2, MAX_SPARES),
+    (room_for(1.5), BASELINE, 2, 1),
+    (room_for(0.9), BASELINE, 2, 0),
+    (room_for(2, cores=1), BASELINE, 1, 1),  # one per core
+    (None, BASELINE, 2, 0),  # room unknown
+    (24 * GIB, None, 2, 0),  # size unknown
+])
+def test_spares_start_only_where_the_room_holds_the_trials_the_fork_server_and_them(room, baseline, cores, count):
+    assert spare_count(room, GIB, RESERVE, baseline, cores) == count
+
+
+def test_spares_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv(spares.ENV_DISABLE, "1")
+    assert spare_count(24 * GIB, GIB, RESERVE, BASELINE, 2) == 0
+
+
+class Process:
+    def __init__(self):
+        self.returncode = None
+
+    def poll(self):
+        return self.returncode
+
+
+class Spawned:
+    def __init__(self, setup):
+        self.setup, self.process, self.closed, self.started_ahead = setup, Process(), None, False
+
+    def close(self, at_once=False):
+        self.closed = at_once
+
+
+SETUP = WorkerSetup(model_spec="mlp", steps_per_trial=14)
+
+
+def pool(monkeypatch, count=2):
+    spawned, lines = [], []
+
+    def spawn(setup):
+        spawned.append(Spawned(setup))
+        return spawned[-1]
+
+    monkeypatch.setattr(spares, "await_ready", lambda worker: worker)
+    return SpareWorkers(SETUP, count, lines.append, spawn=spawn), spawned, lines
+
+
+def test_nothing_starts_before_the_first_fill_and_a_fill_tops_up_to_the_count(monkeypatch):
+    workers, spawned, _ = pool(monkeypatch)
+    assert spawned == [] and workers.take(SETUP) is None
+    workers.fill()
+    assert len(spawned) == 2 and all(w.setup == SETUP for w in spawned)
+    taken = workers.take(SETUP)
+    assert taken is spawned[0] and taken.started_ahead
+    assert len(spawned) == 2, "the place is filled after the trial, not beside it"
+    workers.fill()
+    assert len(spawned) == 3 and len(workers.idle) == 2
+
+
+def test_a_spare_of_another_setup_is_not_handed_over(monkeypatch):
+    workers, spawned, _ = pool(monkeypatch)
+    workers.fill()
+    assert workers.take(WorkerSetup(model_spec="mlp", steps_per_trial=3)) is None
+    assert len(workers.idle) == 2
+
+
+def test_a_spare_that_ended_is_replaced_by_the_slow_way_and_said_in_one_line(monkeypatch):
+    workers, spawned, lines = pool(monkeypatch)
+    workers.fill()
+    spawned[0].process.returncode = -9
+    assert workers.take(SETUP) is None and spawned[0].closed is True
+    assert lines == ["  a worker started ahead had ended before its trial; a new process reads instead"]
+    spawned[1].process.returncode = 1
+    assert workers.take(SETUP, ready=False) is None and len(lines) == 2
+
+
+def test_a_spare_that_fails_to_get_ready_is_said_and_the_slow_way_goes_on(monkeypatch):
+    from edgebatch.errors import ProbeError
+
+    workers, spawned, lines = pool(monkeypatch)
+
+    def fail(worker):
+        raise ProbeError("probe worker failed to start (worker exited with code 1): boom")
+
+    monkeypatch.setattr(spares, "await_ready", fail)
+    workers.fill()
+    assert workers.take(SETUP) is None
+    assert lines == ["  a worker started ahead failed (probe worker failed to start (worker exited with code 1): "
+                     "boom); a new process reads instead"]
+
+
+def test_close_kills_every_idle_spare_and_starts_no_more(monkeypatch):
+    workers, spawned, _ = pool(monkeypatch)
+    workers.fill()
+    workers.close()
+    assert [w.closed for w in spawned] == [True, True] and workers.idle == []
+    workers.fill()
+    assert len(spawned) == 2
+
+
+def test_without_room_the_probe_says_so_in_one_line():
+    line = spares.no_room_line(3 * GIB, GIB)
+    assert "\n" not in line and "no workers started ahead (3.00 GiB of room for a 1.00 GiB budget)" in line
+    assert "an unknown room" in spares.no_room_line(None, GIB)
