@@ -433,6 +433,9 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
 
         spawn_new_process = new_process
 
+        def refill_spares(self):
+            pass
+
     script = iter([Run(300, fresh=True), Run(300, fresh=True, readings=1), Run(300, fresh=True, readings=2),
                    Done(300)])
     start_stand_ins(monkeypatch, start_worker)
