@@ -24,6 +24,7 @@ import numpy as np
 from edgebatch.adapt.controller import AdaptController, AdaptReading, UpdateMeasurement
 from edgebatch.adapt.policy import AdaptConfig, AdaptDecision
 from edgebatch.errors import UsageError
+from edgebatch.training.loop_parts import Measured
 
 __all__ = ["AdaptiveBatch", "check_adapt"]
 
@@ -79,14 +80,16 @@ class AdaptiveBatch:
         return self.controller.lr_scale()
 
     def observe(
-        self, *, update: int, examples: int, sizes: list[int], piece_sq_norms: list, per_example: list,
-        update_statistics: Any, loss_mean: float, schedule_rate: float | None, memory_micro_batch_samples: int,
+        self, *, update: int, examples: int, sizes: list[int], measured: Measured, loss_mean: float,
+        schedule_rate: float | None, memory_micro_batch_samples: int,
     ) -> tuple[AdaptDecision, AdaptReading]:
-        """Turn one update's tensors into a measurement and let the controller decide."""
+        """Turn one update's tensors (`measured`: what the steps measured) into a measurement and let
+        the controller decide."""
         import tensorflow as tf
 
-        current_sq, dot, previous_sq = (float(v) for v in update_statistics)
-        raw = np.asarray([float(v) for v in piece_sq_norms], dtype=np.float64)
+        per_example = measured.per_example
+        current_sq, dot, previous_sq = (float(v) for v in measured.update_statistics)
+        raw = np.asarray([float(v) for v in measured.piece_sq_norms], dtype=np.float64)
         piece_sq = raw * (examples / np.asarray(sizes, dtype=np.float64)) ** 2
         cosine = None
         if current_sq > 0 and previous_sq > 0:

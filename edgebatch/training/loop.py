@@ -19,7 +19,9 @@ from edgebatch.governor import Governor, GovernorConfig, PressureReader
 from edgebatch.training.data import prepare_dataset, refuse_unreplayable_order
 from edgebatch.training.governed_loop import _GovernedLoop
 from edgebatch.training.injection import injected_oom_plan
+from edgebatch.training.loop_parts import Control, Schedule, Trainee
 from edgebatch.training.observability import RunLog
+from edgebatch.training.options import Checkpointing, Sequences
 from edgebatch.training.records import FitReport, UpdateRecord
 from edgebatch.training.replicas import check_governor_for_replicas, mirrored_governor_config
 from edgebatch.training.model_checks import (
@@ -186,15 +188,14 @@ def fit(
             loop_class, extra = WorkerLoop, {"workers": WorkerGroup(strategy, worker_shares)}
         loop = loop_class(
             **extra,
-            model=model, dataset=dataset, element_spec=element_spec, loss=loss, optimizer=optimizer,
-            governor=governor, epochs=epochs, checkpoint_dir=checkpoint_dir,
-            checkpoint_every_updates=checkpoint_every_updates, max_checkpoints_to_keep=max_checkpoints_to_keep,
-            pressure_reader=pressure_reader, max_updates=max_updates, on_update=on_update,
-            run_log=RunLog(log_dir, decision_log), callbacks=_callback_list(model, callbacks, epochs),
-            fixed_micro_batch=batch_norm == "fixed_micro_batch", strategy=strategy,
-            adaptive=None if adapt is None else _adaptive_batch(adapt, effective_batch),
-            length_ceilings=length_ceilings, count_tokens=batch_unit == "tokens",
-            length_window_examples=length_window_examples,
+            trainee=Trainee(model, dataset, element_spec, loss, optimizer, strategy),
+            schedule=Schedule(epochs, RunLog(log_dir, decision_log), max_updates, on_update,
+                              _callback_list(model, callbacks, epochs)),
+            control=Control(governor, pressure_reader, fixed_micro_batch=batch_norm == "fixed_micro_batch",
+                            adaptive=None if adapt is None else _adaptive_batch(adapt, effective_batch)),
+            checkpointing=None if checkpoint_dir is None else Checkpointing(
+                checkpoint_dir, checkpoint_every_updates, max_checkpoints_to_keep),
+            sequences=Sequences(length_ceilings, batch_unit, length_window_examples),
         )
         loop.report.batch_norm_layers = normalizers
         loop.report.batch_norm = batch_norm
