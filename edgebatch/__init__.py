@@ -5,6 +5,7 @@
     cached_profile(...) the profile cached for a model on this device, or None
     Governor            keep micro-batches under that ceiling and live memory pressure
     fit(...)            governed training with gradient accumulation and OOM recovery
+    Checkpointing, Sequences, Logs   fit's records for checkpoints, variable-length data and logs
     supervise(argv)     run training in a child process; restart it from its checkpoint when killed
     set_inter_op_threads(n)  run TensorFlow with the inter-op threads a profile was measured with (1 by default)
 
@@ -17,18 +18,21 @@ from edgebatch.governor import Decision, Governor, GovernorConfig, Observation, 
 from edgebatch.probing import cached_profile, probe
 from edgebatch.profiles import DeviceProfile, MemoryModel, Trial, load_profile, save_profile
 from edgebatch.threads import set_inter_op_threads
-from edgebatch.training import FitReport, fit, inject_oom, supervise
+from edgebatch.training import Checkpointing, FitReport, Logs, Sequences, fit, inject_oom, supervise
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checkpointing",
     "Decision",
     "DeviceProfile",
     "FitReport",
     "Governor",
     "GovernorConfig",
+    "Logs",
     "Observation",
     "PressureReader",
+    "Sequences",
     "fit",
     "inject_oom",
     "EdgebatchError",

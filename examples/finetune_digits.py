@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
           f"starting micro-batch {governor.decision.micro_batch}")
     with inject_oom(failing_micro_batches):
         report = fit(model, dataset, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                     optimizer=keras.optimizers.Adam(3e-3), effective_batch=EFFECTIVE_BATCH, governor=governor,
+                     optimizer=keras.optimizers.Adam(3e-3), governor=governor,  # effective batch: the governor's
                      epochs=args.epochs, pressure_reader=reader, on_update=show)
 
     per_epoch: dict[int, list] = {}

@@ -9,6 +9,7 @@ worker_loop.py's `WorkerLoop`, a subclass.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 import warnings
 import weakref
@@ -20,10 +21,6 @@ from edgebatch.training.data import prepare_dataset, refuse_unreplayable_order
 from edgebatch.training.governed_loop import _GovernedLoop
 from edgebatch.training.injection import injected_oom_plan
 from edgebatch.training.loop_parts import Control, Schedule, Trainee
-from edgebatch.training.observability import RunLog
-from edgebatch.training.options import Checkpointing, Sequences
-from edgebatch.training.records import FitReport, UpdateRecord
-from edgebatch.training.replicas import check_governor_for_replicas, mirrored_governor_config
 from edgebatch.training.model_checks import (
     batch_norm_layers,
     is_multi_worker,
@@ -31,6 +28,10 @@ from edgebatch.training.model_checks import (
     random_layers,
     refuse_unsupported_precision,
 )
+from edgebatch.training.observability import RunLog
+from edgebatch.training.options import Checkpointing, Logs, Sequences, moved_keywords
+from edgebatch.training.records import FitReport, UpdateRecord
+from edgebatch.training.replicas import check_governor_for_replicas, mirrored_governor_config
 
 __all__ = ["BATCH_NORM_CHOICES", "fit"]
 
@@ -42,134 +43,57 @@ _warned_batch_norm: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def fit(
-    model: Any,
-    dataset: Any,
-    *,
-    loss: Any = None,
-    optimizer: Any = None,
-    effective_batch: int,
-    governor: Governor | None = None,
-    epochs: int = 1,
-    log_dir: str | None = None,
-    checkpoint_dir: str | None = None,
-    checkpoint_every_updates: int | None = None,
-    decision_log: str | None = None,
-    pressure_reader: PressureReader | None = None,
-    max_updates: int | None = None,
-    max_checkpoints_to_keep: int = 3,
-    on_update: Callable[[UpdateRecord], None] | None = None,
-    callbacks: Any = None,
-    batch_norm: str = "allow",
-    adapt: Any = None,
-    worker_shares: Any = None,
-    length_ceilings: Any = None,
-    batch_unit: str = "examples",
-    length_window_examples: int | None = None,
+    model: Any, dataset: Any, *, loss: Any = None, optimizer: Any = None, effective_batch: int | None = None,
+    governor: Governor | None = None, epochs: int = 1, max_updates: int | None = None, callbacks: Any = None,
+    on_update: Callable[[UpdateRecord], None] | None = None, pressure_reader: PressureReader | None = None,
+    batch_norm: str = "allow", adapt: Any = None, worker_shares: Any = None,
+    checkpointing: Checkpointing | None = None, sequences: Sequences | None = None, logs: Logs | None = None,
+    **moved: Any,
 ) -> FitReport:
     """Train `model` on `dataset` with governor-sized micro-batches and gradient accumulation.
 
-    `dataset`: tf.data.Dataset of (x, y) examples, consumed in order; a batched one (elements of
-    the model's input rank) is unbatched first. Each update takes `effective_batch` consecutive
-    examples (the governor's decision.effective_batch in elastic mode; the last update of an epoch
-    may take fewer). `loss`: a Keras loss object (its reduction is replaced by the exact mean over
-    the update), a loss name, or a callable returning per-example losses; `optimizer`: a Keras
-    optimizer. Both default to what `model.compile` set.
-    `governor`: defaults to Governor(GovernorConfig(ceiling_batch=effective_batch,
-    effective_batch=effective_batch)); it is used as given (not reset) unless a checkpoint restores
-    it. `pressure_reader`: read once per update (it rate-limits itself); without one the governor
-    only reacts to OOMs and slow steps (slow steps only for fixed-length examples: an update of
-    variable-length ones takes as long as its lengths make it, so its time is not handed over). `checkpoint_dir`: resume from / save to it, every
-    `checkpoint_every_updates` updates and at the end; the dataset must then yield the same order
-    every epoch and in every process (a reshuffling or unseeded shuffle, or an unseeded random op in
-    the pipeline, is refused).
-    `max_updates`: stop after this many updates in total. `on_update(record)` is called after
-    every update (progress printing, test hooks). `callbacks`: Keras callbacks (or a CallbackList)
-    of the model's Keras, driven like model.fit drives them, one "batch" per optimizer update with
-    logs {"loss": ...}; one that sets `model.stop_training` stops fit after that update.
-    `batch_norm`: BatchNormalization normalizes each micro-batch by its own statistics, so with
-    it the split changes the result. "allow" (default) trains anyway and warns once per model;
-    "fixed_micro_batch" keeps the governor's starting micro-batch (it shrinks only on an OOM; no
-    pressure or slow-step change), so the statistics are those of a fixed, known batch size (the
-    last piece of an update is smaller unless effective_batch is a multiple of the micro-batch);
-    "refuse" raises UsageError. The FitReport says which layers and what exactness held.
-    Under tf.distribute.MirroredStrategy (model and optimizer built in its scope) micro-batches are
-    global, a multiple of the replica count, split evenly over the replicas (docs/training-design.md, "MirroredStrategy");
-    FitReport.replicas says how many. Other strategies are refused.
-    Under tf.distribute.MultiWorkerMirroredStrategy (one device per worker process, every worker
-    calling fit on the same dataset in the same order) each worker trains on its share of every
-    update and accumulates it locally (workers.py): `worker_shares` (one weight per worker, e.g. a
-    fleet plan's shares) splits updates in proportion and lets each worker's own governor decide
-    its micro-batch; without it shares are even and the workers' governors decide in lockstep
-    (worst pressure wins). No checkpoint_dir there yet.
-    `adapt`: an edgebatch.adapt.AdaptConfig turns on the statistical batch policy
-    (docs/training-design.md, "Adaptive batch"): `effective_batch` is then where it starts, and the policy moves
-    it from the gradient statistics; the governor (mode "fixed") still bounds every micro-batch.
-    The optimizer's base learning rate is put back when fit returns (elastic mode scales it).
-    `length_ceilings`: for examples of variable length (a token axis of unknown size), the ceiling at
-    each sequence length: an edgebatch.training.LengthCeilings, a probe per length's DeviceProfile
-    (each length's safe_batch), or {tokens: ceiling}. Pieces are then cut by length
-    (length_ceilings.py): the probed lengths are the buckets, and each piece holds the governor's
-    share (its micro-batch over the largest it may decide) of its bucket's ceiling: every length's
-    whole ceiling without pressure, less under it. With adapt, each piece also holds at most
-    adapt's bound (examples that leave config.min_pieces_per_update pieces in the update). Not with
-    a strategy or fixed-length data.
-    `batch_unit`: "examples" (default) or "tokens": with "tokens" (variable-length data only) each
-    update takes consecutive examples until their real tokens (unpadded lengths) reach
-    `effective_batch`, so updates of short examples hold more of them; the governor must be in
-    mode "fixed", and adapt and strategies are refused. The loss is the mean over the update's
-    examples either way, so accumulation stays exact.
-    `length_window_examples`: for variable-length examples, read the epoch in windows of this many
-    consecutive examples, sort each window by length and cut it into updates, which then run in a
-    seeded shuffled order (length_window.py): updates hold examples of similar length, so their
-    pieces pad less. Which examples share an update changes (every example is still used once per
-    epoch); resume stays exact. In examples it must be a multiple of `effective_batch`; the governor
-    must be in mode "fixed"; not with adapt or a strategy.
-    TensorBoard scalars go to `log_dir`, one JSON line per update to `decision_log`
-    (observability.py). Returns a FitReport of this call.
+    `dataset`: tf.data.Dataset of (x, y) examples, consumed in order (a batched one is unbatched
+    first). Each update takes `effective_batch` consecutive examples (the governor's in elastic mode;
+    an epoch's last update may take fewer). `loss`: a Keras loss object (its reduction is replaced by
+    the exact mean over the update), a loss name, or a callable returning per-example losses;
+    `optimizer`: a Keras optimizer; both default to what `model.compile` set.
+    Give `effective_batch` once: to fit, which builds Governor(GovernorConfig(ceiling_batch=
+    effective_batch, effective_batch=effective_batch)), or in the `governor` you give (used as is
+    unless a checkpoint restores it; both is accepted when they agree; with `adapt`, fit's is where
+    adapt starts, at most the governor's). `pressure_reader`: read once per update; without one the
+    governor reacts only to OOMs and to slow steps of fixed-length examples.
+    `max_updates`: stop after this many updates in all. `callbacks`: Keras callbacks driven as
+    model.fit drives them, one "batch" per update with logs {"loss": ...}; one that sets
+    `model.stop_training` stops fit after that update. `on_update(record)`: after every update.
+    `batch_norm`: BatchNormalization normalizes each micro-batch by its own statistics, so the split
+    changes the result: "allow" trains anyway and warns once per model; "fixed_micro_batch" keeps
+    the governor's starting micro-batch (only an OOM shrinks it); "refuse" raises UsageError.
+    `adapt`: an edgebatch.adapt.AdaptConfig; its policy moves the effective batch from gradient
+    statistics, the governor (mode "fixed") still bounds every micro-batch.
+    MirroredStrategy (model and optimizer built in its scope): micro-batches are global, split over
+    the replicas. MultiWorkerMirroredStrategy: each worker trains its share of every update;
+    `worker_shares` (one weight per worker) sets the shares and lets each worker's governor decide,
+    else shares are even and the governors decide in lockstep. Other strategies are refused.
+    Records (options.py): `checkpointing=Checkpointing(dir, every_updates, max_to_keep)`,
+    `sequences=Sequences(length_ceilings, batch_unit, length_window_examples)` for variable-length
+    examples, `logs=Logs(log_dir, decision_log)`. Their fields were fit's keywords (checkpoint_dir,
+    checkpoint_every_updates, max_checkpoints_to_keep, and the same names), which still work and warn
+    once (`moved`). docs/training-design.md has the detail. Returns a FitReport of this call.
     """
-    _check_arguments(effective_batch, epochs, checkpoint_dir, checkpoint_every_updates, max_updates,
-                     max_checkpoints_to_keep, on_update, batch_norm)
+    checkpointing, sequences, logs = _check_records(*moved_keywords(moved, checkpointing, sequences, logs))
+    effective_batch = _effective_batch(effective_batch, governor)
+    _check_arguments(effective_batch, epochs, max_updates, on_update, batch_norm, checkpointing)
     loss, optimizer = _compiled_defaults(model, loss, optimizer)
     strategy = mirrored_strategy_of(model, optimizer)
     replicas = 1 if strategy is None else int(strategy.num_replicas_in_sync)
     multi_worker = strategy is not None and is_multi_worker(strategy)
-    if worker_shares is not None and not multi_worker:
-        raise UsageError("worker_shares applies only under tf.distribute.MultiWorkerMirroredStrategy")
-    if multi_worker and checkpoint_dir is not None:
-        raise UsageError("checkpoint_dir is not supported under MultiWorkerMirroredStrategy yet: drop it")
+    _check_multi_worker(multi_worker, worker_shares, checkpointing)
     dataset, element_spec, unbatched = prepare_dataset(dataset, model)
-    length_ceilings = _check_length_ceilings(length_ceilings, element_spec, strategy)
-    _check_batch_unit(batch_unit, element_spec, adapt, strategy)
-    _check_length_window(length_window_examples, effective_batch, batch_unit, element_spec, adapt, strategy)
-    if checkpoint_dir is not None:
+    sequences = _check_sequences(sequences, effective_batch, element_spec, adapt, strategy)
+    if checkpointing is not None:
         refuse_unreplayable_order(dataset)
     normalizers = _check_batch_norm(model, batch_norm)
-    if governor is None and replicas > 1 and not multi_worker:
-        governor = Governor(mirrored_governor_config(effective_batch, replicas))
-    elif governor is None:
-        ceiling = effective_batch if length_ceilings is None else length_ceilings.reference_ceiling
-        governor = Governor(GovernorConfig(ceiling_batch=ceiling, effective_batch=effective_batch))
-    elif not isinstance(governor, Governor):
-        raise UsageError(f"governor must be an edgebatch.governor.Governor, got {governor!r}")
-    elif adapt is not None and governor.config.effective_batch < effective_batch:
-        raise UsageError(
-            f"effective_batch {effective_batch!r} is above the governor's config.effective_batch "
-            f"{governor.config.effective_batch!r}: with adapt, build the governor for at least the starting batch"
-        )
-    elif adapt is None and governor.config.effective_batch != effective_batch:
-        raise UsageError(
-            f"effective_batch {effective_batch!r} differs from the governor's "
-            f"config.effective_batch {governor.config.effective_batch!r}: build the governor for the same batch"
-        )
-    # Both cut updates by a rule of their own, so the governor may not move the effective batch.
-    for option, why in (("batch_unit='tokens'", batch_unit == "tokens" and "an elastic effective batch counts examples"),
-                        ("length_window_examples", length_window_examples is not None
-                         and "a window is cut into updates of one size when it is read")):
-        if why and governor.config.mode != "fixed":
-            raise UsageError(f"{option} needs a governor in mode 'fixed': {why}")
-    problem = None if multi_worker else check_governor_for_replicas(governor.config, replicas)
-    if problem is not None:
-        raise UsageError(problem)
+    governor = _governor_for(governor, effective_batch, replicas, multi_worker, adapt, sequences)
     if adapt is not None:
         from edgebatch.training.adaptive import check_adapt  # numpy: imported only when asked
 
@@ -189,21 +113,86 @@ def fit(
         loop = loop_class(
             **extra,
             trainee=Trainee(model, dataset, element_spec, loss, optimizer, strategy),
-            schedule=Schedule(epochs, RunLog(log_dir, decision_log), max_updates, on_update,
+            schedule=Schedule(epochs, RunLog(logs.log_dir, logs.decision_log), max_updates, on_update,
                               _callback_list(model, callbacks, epochs)),
             control=Control(governor, pressure_reader, fixed_micro_batch=batch_norm == "fixed_micro_batch",
                             adaptive=None if adapt is None else _adaptive_batch(adapt, effective_batch)),
-            checkpointing=None if checkpoint_dir is None else Checkpointing(
-                checkpoint_dir, checkpoint_every_updates, max_checkpoints_to_keep),
-            sequences=Sequences(length_ceilings, batch_unit, length_window_examples),
+            checkpointing=checkpointing, sequences=sequences,
         )
-        loop.report.batch_norm_layers = normalizers
-        loop.report.batch_norm = batch_norm
-        loop.report.random_layers = random_layers(model)
-        loop.report.exactness = _exactness(normalizers, loop.report.random_layers)
-        loop.report.unbatched_input = unbatched
-        loop.report.replicas = replicas
+        _fill_report(loop.report, model, normalizers, batch_norm, unbatched, replicas)
         return loop.run()
+
+
+def _fill_report(report: FitReport, model: Any, normalizers: list[str], batch_norm: str, unbatched: bool,
+                 replicas: int) -> None:
+    """What fit found before training, in the FitReport."""
+    report.batch_norm_layers = normalizers
+    report.batch_norm = batch_norm
+    report.random_layers = random_layers(model)
+    report.exactness = _exactness(normalizers, report.random_layers)
+    report.unbatched_input = unbatched
+    report.replicas = replicas
+
+
+def _check_records(checkpointing: Any, sequences: Any, logs: Any) -> tuple[Any, Sequences, Logs]:
+    """fit's records, the defaults filled in; UsageError for anything else in their place."""
+    for name, value, kind in (("checkpointing", checkpointing, Checkpointing), ("sequences", sequences, Sequences),
+                              ("logs", logs, Logs)):
+        if value is not None and not isinstance(value, kind):
+            raise UsageError(f"{name} must be an edgebatch.training.{kind.__name__}, got {value!r}")
+    return checkpointing, sequences or Sequences(), logs or Logs()
+
+
+def _check_multi_worker(multi_worker: bool, worker_shares: Any, checkpointing: Checkpointing | None) -> None:
+    if worker_shares is not None and not multi_worker:
+        raise UsageError("worker_shares applies only under tf.distribute.MultiWorkerMirroredStrategy")
+    if multi_worker and checkpointing is not None:
+        raise UsageError("checkpointing (checkpoint_dir) is not supported under MultiWorkerMirroredStrategy yet: drop it")
+
+
+def _effective_batch(effective_batch: Any, governor: Any) -> Any:
+    """fit's effective_batch, or the given governor's when fit was not given one."""
+    if effective_batch is not None:
+        return effective_batch
+    if governor is None:
+        raise UsageError("fit needs effective_batch=... (examples per optimizer update) or a governor=... built for it")
+    if not isinstance(governor, Governor):
+        raise UsageError(f"governor must be an edgebatch.governor.Governor, got {governor!r}")
+    return governor.config.effective_batch
+
+
+def _governor_for(governor: Governor | None, effective_batch: int, replicas: int, multi_worker: bool, adapt: Any,
+                  sequences: Sequences) -> Governor:
+    """The given governor, checked against fit's other settings, or the default one for them."""
+    if governor is None and replicas > 1 and not multi_worker:
+        governor = Governor(mirrored_governor_config(effective_batch, replicas))
+    elif governor is None:
+        ceiling = effective_batch if sequences.length_ceilings is None else sequences.length_ceilings.reference_ceiling
+        governor = Governor(GovernorConfig(ceiling_batch=ceiling, effective_batch=effective_batch))
+    elif not isinstance(governor, Governor):
+        raise UsageError(f"governor must be an edgebatch.governor.Governor, got {governor!r}")
+    elif adapt is not None and governor.config.effective_batch < effective_batch:
+        raise UsageError(
+            f"effective_batch {effective_batch!r} is above the governor's config.effective_batch "
+            f"{governor.config.effective_batch!r}: with adapt, build the governor for at least the starting batch"
+        )
+    elif adapt is None and governor.config.effective_batch != effective_batch:
+        raise UsageError(
+            f"effective_batch {effective_batch!r} differs from the governor's "
+            f"config.effective_batch {governor.config.effective_batch!r}: give it once, in the governor "
+            "(leave fit's effective_batch out)"
+        )
+    # Both cut updates by a rule of their own, so the governor may not move the effective batch.
+    for option, why in (("batch_unit='tokens'", sequences.batch_unit == "tokens"
+                         and "an elastic effective batch counts examples"),
+                        ("length_window_examples", sequences.length_window_examples is not None
+                         and "a window is cut into updates of one size when it is read")):
+        if why and governor.config.mode != "fixed":
+            raise UsageError(f"{option} needs a governor in mode 'fixed': {why}")
+    problem = None if multi_worker else check_governor_for_replicas(governor.config, replicas)
+    if problem is not None:
+        raise UsageError(problem)
+    return governor
 
 
 def _refuse_unless_variable_length(option: str, element_spec: Any, strategy: Any, instead: str, *,
@@ -220,6 +209,16 @@ def _refuse_unless_variable_length(option: str, element_spec: Any, strategy: Any
     if adapt is not None or strategy is not None:
         which = "adapt" if adapt is not None else "a tf.distribute strategy"
         raise UsageError(f"{option} cannot be combined with {which} yet: {instead}")
+
+
+def _check_sequences(sequences: Sequences, effective_batch: int, element_spec: Any, adapt: Any,
+                     strategy: Any) -> Sequences:
+    """`sequences` with its length_ceilings as a LengthCeilings; UsageError where a field cannot apply."""
+    ceilings = _check_length_ceilings(sequences.length_ceilings, element_spec, strategy)
+    _check_batch_unit(sequences.batch_unit, element_spec, adapt, strategy)
+    _check_length_window(sequences.length_window_examples, effective_batch, sequences.batch_unit, element_spec,
+                         adapt, strategy)
+    return dataclasses.replace(sequences, length_ceilings=ceilings)
 
 
 def _check_length_ceilings(length_ceilings: Any, element_spec: Any, strategy: Any) -> Any:
@@ -275,21 +274,20 @@ def _adaptive_batch(adapt: Any, effective_batch: int) -> Any:
     return AdaptiveBatch(adapt, effective_batch)
 
 
-def _check_arguments(effective_batch, epochs, checkpoint_dir, checkpoint_every_updates, max_updates,
-                     max_checkpoints_to_keep, on_update, batch_norm) -> None:
+def _check_arguments(effective_batch: Any, epochs: Any, max_updates: Any, on_update: Any, batch_norm: Any,
+                     checkpointing: Checkpointing | None) -> None:
+    every, keep = (None, 3) if checkpointing is None else (checkpointing.every_updates, checkpointing.max_to_keep)
     for name, value, optional in (
         ("effective_batch", effective_batch, False),
         ("epochs", epochs, False),
-        ("checkpoint_every_updates", checkpoint_every_updates, True),
+        ("checkpointing.every_updates", every, True),
         ("max_updates", max_updates, True),
-        ("max_checkpoints_to_keep", max_checkpoints_to_keep, False),
+        ("checkpointing.max_to_keep", keep, False),
     ):
         if optional and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise UsageError(f"{name} must be an integer >= 1, got {value!r}")
-    if checkpoint_every_updates is not None and checkpoint_dir is None:
-        raise UsageError(f"checkpoint_every_updates={checkpoint_every_updates!r} needs a checkpoint_dir")
     if on_update is not None and not callable(on_update):
         raise UsageError(f"on_update must be callable, got {on_update!r}")
     if batch_norm not in BATCH_NORM_CHOICES:

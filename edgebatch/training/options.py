@@ -13,10 +13,13 @@ Plain frozen dataclasses; no TensorFlow.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Checkpointing", "Logs", "Sequences"]
+from edgebatch.errors import UsageError
+
+__all__ = ["Checkpointing", "Logs", "Sequences", "moved_keywords"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +56,52 @@ class Logs:
 
     log_dir: str | None = None
     decision_log: str | None = None
+
+
+# fit's keywords that moved into a record: old keyword -> (fit's record keyword, the record's field).
+MOVED_KEYWORDS = {
+    "checkpoint_dir": ("checkpointing", "dir"),
+    "checkpoint_every_updates": ("checkpointing", "every_updates"),
+    "max_checkpoints_to_keep": ("checkpointing", "max_to_keep"),
+    "length_ceilings": ("sequences", "length_ceilings"),
+    "batch_unit": ("sequences", "batch_unit"),
+    "length_window_examples": ("sequences", "length_window_examples"),
+    "log_dir": ("logs", "log_dir"),
+    "decision_log": ("logs", "decision_log"),
+}
+_RECORDS = {"checkpointing": Checkpointing, "sequences": Sequences, "logs": Logs}
+
+# The old keywords already warned about in this process (each warns once).
+_warned: set[str] = set()
+
+
+def moved_keywords(old: dict[str, Any], checkpointing: Any, sequences: Any, logs: Any) -> tuple[Any, Any, Any]:
+    """(checkpointing, sequences, logs) with fit's old keywords in `old` moved into them.
+
+    Each old keyword warns once per process (DeprecationWarning, at fit's caller). TypeError for a
+    keyword fit never took (as Python raises it); UsageError for a record given both ways, and for
+    checkpoint_every_updates without a checkpoint_dir. max_checkpoints_to_keep without a
+    checkpoint_dir is ignored, as it was.
+    """
+    records = {"checkpointing": checkpointing, "sequences": sequences, "logs": logs}
+    fields: dict[str, dict[str, Any]] = {}
+    for name, value in old.items():
+        if name not in MOVED_KEYWORDS:
+            raise TypeError(f"fit() got an unexpected keyword argument {name!r}")
+        record, field = MOVED_KEYWORDS[name]
+        if records[record] is not None:
+            raise UsageError(f"give {record}={_RECORDS[record].__name__}(...) or {name}=..., not both")
+        if name not in _warned:
+            _warned.add(name)
+            warnings.warn(
+                f"fit's {name}= is deprecated: pass {record}={_RECORDS[record].__name__}({field}=...) "
+                "(edgebatch.training.options)", DeprecationWarning, stacklevel=3,
+            )
+        fields.setdefault(record, {})[field] = value
+    for record, given in fields.items():
+        if record == "checkpointing" and given.get("dir") is None:
+            if given.get("every_updates") is not None:
+                raise UsageError(f"checkpoint_every_updates={given['every_updates']!r} needs a checkpoint_dir")
+            continue  # no directory: no checkpoints, as before
+        records[record] = _RECORDS[record](**given)
+    return records["checkpointing"], records["sequences"], records["logs"]

@@ -153,7 +153,7 @@ class PieceRunner:
         if self.checkpoint is not None:
             # Progress is still at the start of this update and the weights are untouched by it,
             # so this checkpoint resumes by redoing the whole update.
-            where = f"; checkpoint saved to {self._save()!r}, call fit again with the same checkpoint_dir to resume"
+            where = f"; checkpoint saved to {self._save()!r}, call fit again with the same checkpointing dir to resume"
         message = (
             f"a micro-batch of {event.micro_batch} example(s) still ran out of memory at update {event.update} "
             f"(epoch {event.epoch}, examples {self.progress.examples_in_epoch + event.example_offset}.. of the epoch) "
