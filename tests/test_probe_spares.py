@@ -1,6 +1,11 @@
 """Workers started ahead of need (probing/spares.py): how many the room allows, and how they are
 handed over, replaced and stopped. Pure and stand-in tests; tests/test_probe_spares_real.py runs them."""
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 from edgebatch.probing import spares
@@ -54,15 +59,20 @@ class Spawned:
 SETUP = WorkerSetup(model_spec="mlp", steps_per_trial=14)
 
 
+NICENESS = {}
+
+
 def pool(monkeypatch, count=2):
     spawned, lines = [], []
 
     def spawn(setup):
         spawned.append(Spawned(setup))
+        spawned[-1].process.pid = len(spawned)
         return spawned[-1]
 
     monkeypatch.setattr(spares, "await_ready", lambda worker: worker)
-    return SpareWorkers(SETUP, count, lines.append, spawn=spawn), spawned, lines
+    NICENESS.clear()
+    return SpareWorkers(SETUP, count, lines.append, spawn=spawn, renice=NICENESS.__setitem__), spawned, lines
 
 
 def test_nothing_starts_before_the_first_fill_and_a_fill_tops_up_to_the_count(monkeypatch):
@@ -70,8 +80,10 @@ def test_nothing_starts_before_the_first_fill_and_a_fill_tops_up_to_the_count(mo
     assert spawned == [] and workers.take(SETUP) is None
     workers.fill()
     assert len(spawned) == 2 and all(w.setup == SETUP for w in spawned)
+    assert NICENESS == {1: spares.SPARE_NICENESS, 2: spares.SPARE_NICENESS}, "spares import at the lowest priority"
     taken = workers.take(SETUP)
     assert taken is spawned[0] and taken.started_ahead
+    assert NICENESS[1] == os.getpriority(os.PRIO_PROCESS, 0), "a spare taken for a trial runs at the probe's priority"
     assert len(spawned) == 2, "the place is filled after the trial, not beside it"
     workers.fill()
     assert len(spawned) == 3 and len(workers.idle) == 2
@@ -122,3 +134,20 @@ def test_without_room_the_probe_says_so_in_one_line():
     line = spares.no_room_line(3 * GIB, GIB)
     assert "\n" not in line and "no workers started ahead (3.00 GiB of room for a 1.00 GiB budget)" in line
     assert "an unknown room" in spares.no_room_line(None, GIB)
+
+
+def test_niceness_is_set_on_every_thread_and_a_gone_process_is_no_error():
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time; "
+                              "[threading.Thread(target=time.sleep, args=(30,), daemon=True).start() for _ in range(3)]; "
+                              "time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{child.pid}/task")) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert spares.set_niceness(child.pid, 19)
+        tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert len(tids) >= 4 and all(os.getpriority(os.PRIO_PROCESS, tid) == 19 for tid in tids)
+    finally:
+        child.kill()
+        child.wait()
+    assert spares.set_niceness(child.pid, 0) is False

@@ -21,6 +21,10 @@ from edgebatch.units import format_bytes
 ENV_DISABLE = "EDGEBATCH_NO_SPARES"
 # At most this many spares: on the 2-core machines this project is built on, one per core.
 MAX_SPARES = 2
+# A spare starts at the lowest CPU priority, so its import yields to the trials running beside it
+# (on two cores an import at full priority cut a child's samples/s from about 1000 to 600:
+# docs/probe-evidence.md, "Two ways to cut the new-process wait"); it is raised back when taken.
+SPARE_NICENESS = 19
 # A spare idles at about the worker's baseline (TensorFlow imported, the model built and traced);
 # this share on top covers what differs between processes.
 SPARE_SIZE_FACTOR = 1.25
@@ -53,17 +57,21 @@ class SpareWorkers:
     """
 
     def __init__(self, setup: WorkerSetup, count: int, progress: Callable[[str], None],
-                 spawn: Callable[[WorkerSetup], Worker] = spawn_worker) -> None:
+                 spawn: Callable[[WorkerSetup], Worker] = spawn_worker,
+                 renice: Callable[[int, int], bool] | None = None) -> None:
         self.setup = setup
         self.count = count
         self._progress = progress
         self._spawn = spawn
+        self._renice = renice or set_niceness
         self.idle: list[Worker] = []
 
     def fill(self) -> None:
-        """Spawn spares up to `count`; each starts at once and is not waited for."""
+        """Spawn spares up to `count`, at SPARE_NICENESS; each starts at once and is not waited for."""
         while len(self.idle) < self.count:
-            self.idle.append(self._spawn(self.setup))
+            worker = self._spawn(self.setup)
+            self._renice(worker.process.pid, SPARE_NICENESS)
+            self.idle.append(worker)
 
     def take(self, setup: WorkerSetup, ready: bool = True) -> Worker | None:
         """A spare for `setup`, ready (await_ready) unless `ready` is False, or None where none
@@ -74,6 +82,7 @@ class SpareWorkers:
             return None
         worker = self.idle.pop(0)
         worker.started_ahead = True
+        self._renice(worker.process.pid, os.getpriority(os.PRIO_PROCESS, 0))
         if ready:
             return self._ready_or_none(worker)
         return self._ended(worker) if worker.process.poll() is not None else worker
@@ -97,3 +106,21 @@ class SpareWorkers:
         self.count = 0
         for worker in idle:
             worker.close(at_once=True)
+
+
+def set_niceness(pid: int, niceness: int) -> bool:
+    """Set every thread of `pid` to `niceness` (Linux keeps it per thread; threads started later
+    inherit their creator's). False where it cannot: no /proc, the process gone, or raising it back
+    needs a privilege this user lacks, in which case the spare's trial runs at the lower priority,
+    which changes its speed only while something else wants the cores, not its memory."""
+    try:
+        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        threads = [pid]
+    done = True
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, niceness)
+        except OSError:
+            done = False
+    return done

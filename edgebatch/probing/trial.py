@@ -30,6 +30,32 @@ DEFAULT_VOCABULARY = 1000
 MAX_STEPS_PER_TRIAL = 14
 SETTLE_STEPS = 3
 SETTLE_FRACTION = 0.002
+# A peak still rising when --trial-seconds run out gets up to this many times --trial-seconds in
+# all to settle, where SETTLE_STEPS steps fit in --trial-seconds: on a busy host the peak climbs
+# 1-2% over 16 steps even with one inter-op thread, and settles by about step 11
+# (docs/probe-rules.md, "trial.keep_stepping").
+SETTLE_SECONDS_FACTOR = 3
+
+
+def keep_stepping(step_seconds: list[float], peaks: list[int], steps: int, trial_seconds: float,
+                  track_resident: bool) -> bool:
+    """Whether a trial runs another timed step. Pure.
+
+    Within `trial_seconds`: until `steps` ran and the resident peak settled (resident_peak_settled).
+    Past it, only while the peak still rises and one step is short enough for SETTLE_STEPS of them
+    to fit in `trial_seconds`, up to SETTLE_SECONDS_FACTOR x `trial_seconds`. Never past
+    MAX_STEPS_PER_TRIAL; at least one timed step.
+    """
+    if not step_seconds:
+        return True
+    if len(step_seconds) >= MAX_STEPS_PER_TRIAL:
+        return False
+    rising = track_resident and not resident_peak_settled(peaks)
+    spent = sum(step_seconds)
+    if spent < trial_seconds:
+        return len(step_seconds) < steps or rising
+    short_steps = step_seconds[-1] * SETTLE_STEPS <= trial_seconds
+    return rising and short_steps and spent < SETTLE_SECONDS_FACTOR * trial_seconds
 
 
 def resident_peak_settled(peaks: list[int]) -> bool:
@@ -217,7 +243,8 @@ class TrialRunner:
     def run_trial(self, batch: int, steps: int, trial_seconds: float) -> dict:
         """One trial: a warm-up step, then up to `steps` timed steps, with peak memory readings.
 
-        Timed steps stop early once they have taken `trial_seconds` (at least one runs). When the
+        Timed steps stop as keep_stepping says: once they have taken `trial_seconds` (at least one
+        runs), unless the resident peak is still rising and short steps can show it settle. When the
         warm-up step alone takes longer than `trial_seconds`, it is the timing: at such batches the
         first-call overhead (about a second on CPU) is small beside the step itself, and another
         step would double the cost of the probe's most expensive trials.
@@ -239,11 +266,7 @@ class TrialRunner:
                 peaks = [process_peak_rss_bytes()] if track_resident else []
                 if track_resident:
                     swap_most = _larger(swap_most, process_swap_bytes())
-                while not timings or (
-                    sum(timings) < trial_seconds
-                    and (len(timings) < steps or (track_resident and not resident_peak_settled(peaks)))
-                    and len(timings) < MAX_STEPS_PER_TRIAL
-                ):
+                while keep_stepping(timings, peaks, steps, trial_seconds, track_resident):
                     started = time.perf_counter()
                     self._step(x, y).numpy()
                     timings.append(time.perf_counter() - started)

@@ -39,6 +39,8 @@ KEPT_SOURCES = {
     "padding_bench": ("padding.json", "python tools/bench/padding_bench.py --benchmarks-md BENCHMARKS.md"),
     "length_ceilings_bench": ("length_ceilings.json",
                               "python tools/bench/length_ceilings_bench.py --benchmarks-md BENCHMARKS.md"),
+    "spare_check": ("spare_check.json", "python tools/bench/spare_check.py --case small_cnn:324 --case text_cnn:700 "
+                    "--rounds {rounds} --benchmarks-md BENCHMARKS.md"),
     "answer_failures": ("answer_failures.json", "python tools/bench/answer_failures.py {results} --truth --methods "
                         "slow_start,slow_start:safe,binsearch,binsearch_checked --benchmarks-md BENCHMARKS.md"),
 }
