@@ -59,8 +59,8 @@ def fit(
     `optimizer`: a Keras optimizer; both default to what `model.compile` set.
     Give `effective_batch` once: to fit, which builds Governor(GovernorConfig(ceiling_batch=
     effective_batch, effective_batch=effective_batch)), or in the `governor` you give (used as is
-    unless a checkpoint restores it; both is accepted when they agree; with `adapt`, fit's is where
-    adapt starts, at most the governor's). `pressure_reader`: read once per update; without one the
+    unless a checkpoint restores it; giving both still works when they agree; with `adapt`, fit's is
+    where adapt starts, at most the governor's). `pressure_reader`: read once per update; without one the
     governor reacts only to OOMs and to slow steps of fixed-length examples.
     `max_updates`: stop after this many updates in all. `callbacks`: Keras callbacks driven as
     model.fit drives them, one "batch" per update with logs {"loss": ...}; one that sets
