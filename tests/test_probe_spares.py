@@ -35,9 +35,13 @@ def test_spares_start_only_where_the_room_holds_the_trials_the_fork_server_and_t
     assert spare_count(room, GIB, RESERVE, baseline, cores) == count
 
 
-def test_spares_can_be_turned_off(monkeypatch):
-    monkeypatch.setenv(spares.ENV_DISABLE, "1")
-    assert spare_count(24 * GIB, GIB, RESERVE, BASELINE, 2) == 0
+def test_spares_start_only_when_turned_on(monkeypatch):
+    monkeypatch.delenv(spares.ENV_ENABLE, raising=False)
+    assert not spares.wanted()
+    monkeypatch.setenv(spares.ENV_ENABLE, "1")
+    assert spares.wanted()
+    monkeypatch.setenv(spares.ENV_ENABLE, "0")
+    assert not spares.wanted()
 
 
 class Process:

@@ -45,6 +45,7 @@ from edgebatch.probing.outcomes import (
 )
 from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
 from edgebatch.probing.spares import SpareWorkers, no_room_line, spare_count
+from edgebatch.probing.spares import wanted as spares_wanted
 from edgebatch.probing.squeeze import RoomWatch, host_room_with_workers
 from edgebatch.probing.trial import MAX_STEPS_PER_TRIAL
 from edgebatch.probing.worker import (
@@ -633,7 +634,10 @@ class _FreshWorkers:
         return self.new_process(setup_for(True))
 
     def start_spares(self, setup: WorkerSetup, baseline_bytes: int | None) -> None:
-        """Start the new-process workers the room allows ahead of need (spares.py), or say there is none."""
+        """Where spares are turned on (spares.wanted), start those the room allows ahead of need
+        (spares.py), or say there is room for none."""
+        if not spares_wanted():
+            return
         reserve = FORK_SERVER_RESERVE_BYTES if self.server is not None else 0
         count = spare_count(self._room_bytes, self._budget_bytes, reserve, baseline_bytes, os.cpu_count() or 1)
         if count == 0:

@@ -4,8 +4,9 @@ A reading that stands for training runs in a new process (a fork-server child ca
 of its own), and a new process costs a TensorFlow import and a model build before its trial.
 Spares are spawned while the search runs its other trials: each imports, builds and traces as a
 new process does, then waits for its batch, and its trial is its first, as a brand-new process's
-is (docs/probe-evidence.md, "Workers started ahead"). They run only where the device has room for
-them beside the trials and the fork server (spare_count); a spare that died is replaced by a
+is (docs/probe-evidence.md, "Workers started ahead"). They run only when turned on
+(EDGEBATCH_SPARES=1: they pay only where the trials leave cores idle) and where the device has room
+for them beside the trials and the fork server (spare_count); a spare that died is replaced by a
 new process started then, and the probe says so in one line.
 """
 
@@ -17,8 +18,10 @@ from collections.abc import Callable
 from edgebatch.probing.worker import Worker, WorkerSetup, await_ready, spawn_worker
 from edgebatch.units import format_bytes
 
-# Set to turn spares off (to measure what they save, or where memory is tighter than it reads).
-ENV_DISABLE = "EDGEBATCH_NO_SPARES"
+# Set to 1 to start spares. Off by default: on 2 cores a trial's step already uses every core, so
+# a spare's import only moves CPU time around (dense_wide under 1400 MiB: 60-83 s with spares,
+# 63-85 s without, three alternated runs each; docs/probe-evidence.md, "Workers started ahead").
+ENV_ENABLE = "EDGEBATCH_SPARES"
 # At most this many spares: on the 2-core machines this project is built on, one per core.
 MAX_SPARES = 2
 # A spare starts at the lowest CPU priority, so its import yields to the trials running beside it
@@ -34,12 +37,17 @@ def spare_count(room_bytes: int | None, budget_bytes: int, reserve_bytes: int, b
                 cores: int) -> int:
     """How many spares the device has room for: room for `cores` trials side by side at the
     budget, the fork server's `reserve_bytes`, and each spare at SPARE_SIZE_FACTOR x the worker's
-    baseline. 0 where the room or the baseline is unknown, or EDGEBATCH_NO_SPARES is set."""
-    if room_bytes is None or not baseline_bytes or cores < 1 or os.environ.get(ENV_DISABLE):
+    baseline. 0 where the room or the baseline is unknown. Pure."""
+    if room_bytes is None or not baseline_bytes or cores < 1:
         return 0
     spare_bytes = baseline_bytes * SPARE_SIZE_FACTOR
     left = room_bytes - min(cores, MAX_SPARES) * budget_bytes - reserve_bytes
     return max(0, min(MAX_SPARES, cores, int(left // spare_bytes)))
+
+
+def wanted() -> bool:
+    """Whether the user turned spares on (EDGEBATCH_SPARES=1)."""
+    return os.environ.get(ENV_ENABLE, "") == "1"
 
 
 def no_room_line(room_bytes: int | None, budget_bytes: int) -> str:
