@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgebatch.errors import UsageError
+from edgebatch.keras_models import all_layers  # importable from here, as before
 
 __all__ = [
     "all_layers",
@@ -29,14 +30,6 @@ _BATCH_NORM_CLASS_NAMES = frozenset({
     "BatchNormalization", "BatchNormalizationBase", "SyncBatchNormalization",
     "QuantizeWrapper", "QuantizeWrapperV2", "QuantizeLayer",
 })
-
-
-def all_layers(model: Any) -> list:
-    """The model and every layer inside it, nested models included (Keras 3 and tf_keras)."""
-    flatten = getattr(model, "_flatten_layers", None)
-    if callable(flatten):
-        return list(flatten(include_self=True, recursive=True))
-    return [model]
 
 
 def batch_norm_layers(model: Any) -> list[str]:

@@ -21,8 +21,8 @@ import copy
 from typing import Any, Callable
 
 from edgebatch.errors import UsageError
+from edgebatch.keras_models import all_layers  # noqa: F401  (importable from here, as before)
 from edgebatch.training.model_checks import (  # noqa: F401  (importable from here, as before)
-    all_layers,
     batch_norm_layers,
     is_multi_worker,
     loss_scale_kind,
