@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 import jinja2
 
-from edgebatch.fleet.report import (
+from edgebatch.fleet.report_flags import outlier_message
+from edgebatch.fleet.report_output import format_age
+from edgebatch.fleet.report_records import (
     DUPLICATE,
     OUTLIER,
     STALE,
     FleetReport,
     ProfileRow,
-    format_age,
-    outlier_message,
 )
 from edgebatch.units import format_bytes
 
