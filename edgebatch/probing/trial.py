@@ -420,7 +420,7 @@ def target_spec(model) -> TargetSpec:
 
 def computes_in_float16(model) -> bool:
     """Whether any layer of `model` runs under the mixed_float16 policy."""
-    from edgebatch.keras_models import all_layers
+    from edgebatch.model_layers import all_layers
 
     return any(getattr(getattr(layer, "dtype_policy", None), "name", None) == "mixed_float16"
                for layer in all_layers(model))
