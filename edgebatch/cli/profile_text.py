@@ -53,17 +53,15 @@ def format_profile(profile) -> str:
 
 def _spread_note(profile) -> str:
     """How far repeated fresh readings of one batch differed, and what the answer was judged by."""
-    from edgebatch.probing.margins import fit_budget_bytes
+    from edgebatch.probing.budget import judged_bytes
     from edgebatch.probing.outcomes import SPREAD_NOISE_FRACTION
-    from edgebatch.probing.summary import judged_budget_bytes, spread_fraction_of
-    from edgebatch.threads import recorded_inter_op_threads
+    from edgebatch.probing.summary import spread_fraction_of
 
     spread = spread_fraction_of(profile.trials)
     readings = (profile.search or {}).get("answer_readings", 1)
     if spread <= SPREAD_NOISE_FRACTION:
         return f"answer read in {readings} fresh worker(s); repeated readings within {SPREAD_NOISE_FRACTION:.0%}"
-    fit_budget = fit_budget_bytes(profile.budget_bytes, recorded_inter_op_threads(profile.search))
-    judged = judged_budget_bytes(profile.trials, fit_budget)
+    judged = judged_bytes(profile)
     return (f"peaks differ between processes here: repeated readings of one batch {spread:.1%} apart, "
             f"so readings were judged against about {format_bytes(judged)}")
 

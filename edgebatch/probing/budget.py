@@ -1,4 +1,8 @@
-"""Which device to probe, what it is, and how much memory a probe may plan for on it."""
+"""Which device to probe, what it is, and how much memory a probe may plan for on it.
+
+`Budget` is that figure worked out once per probe (or read back from a saved profile): the bytes
+a profile records, where they came from, and the figure a trial's peak must stay under.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from edgebatch.errors import ProbeError, UsageError
+from edgebatch.probing.margins import fit_budget_bytes
 from edgebatch.units import format_bytes, parse_size_bytes
 
 
@@ -132,6 +137,45 @@ def resolve_budget(device: str, memory_budget: str | int | None, allow_overcommi
         if problem:
             raise UsageError(problem)
     return budget_bytes, "cli"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """A probe's memory budget. `bytes` is what the profile records and the search reports; a trial
+    fits when its peak is at most `fit_bytes`, the budget less the measurement margin of the
+    workers' inter-op threads (margins.fit_budget_bytes), worked out here once for every reader."""
+
+    bytes: int
+    source: str  # "cli", or the default's: "available_ram", "cgroup_limit", "nvml_free"
+    fit_bytes: int
+
+    @classmethod
+    def with_margin(cls, budget_bytes: int, source: str, inter_op_threads: int) -> Budget:
+        """The budget of workers run with `inter_op_threads` (the margin depends on them)."""
+        return cls(bytes=budget_bytes, source=source, fit_bytes=fit_budget_bytes(budget_bytes, inter_op_threads))
+
+    @classmethod
+    def of_profile(cls, profile) -> Budget:
+        """The budget a saved profile was probed (or answered) under, with the margin of the inter-op
+        threads it records (a profile from before they were recorded: TensorFlow's pool)."""
+        from edgebatch.threads import recorded_inter_op_threads
+
+        return cls.with_margin(profile.budget_bytes, profile.budget_source, recorded_inter_op_threads(profile.search))
+
+
+def probe_budget(device: str, memory_budget: str | int | None, allow_overcommit: bool,
+                 inter_op_threads: int) -> Budget:
+    """resolve_budget's figure and source as a Budget for workers run with `inter_op_threads`."""
+    budget_bytes, source = resolve_budget(device, memory_budget, allow_overcommit)
+    return Budget.with_margin(budget_bytes, source, inter_op_threads)
+
+
+def judged_bytes(profile) -> int:
+    """What a saved profile's readings were judged against: its fit budget, lowered by the widest
+    spread its repeated fresh readings showed (summary.judged_budget_bytes), as the search judged them."""
+    from edgebatch.probing.summary import judged_budget_bytes
+
+    return judged_budget_bytes(profile.trials, Budget.of_profile(profile).fit_bytes)
 
 
 def default_budget(device: str) -> tuple[int, str]:

@@ -18,7 +18,6 @@ import math
 from collections.abc import Iterable, Sequence
 
 from edgebatch.errors import UsageError
-from edgebatch.probing.margins import fit_budget_bytes
 from edgebatch.probing.memory_fit import PEAK_SPREAD_FRACTION
 from edgebatch.profiles.model import LengthCeiling, TokenMemoryModel
 
@@ -244,15 +243,13 @@ def profile_ceiling_at_length(profile, length: int) -> LengthCeiling:
     processes. The model is the low level of two-valued peaks (fit_token_model); where processes
     read 256 and 512 tokens up to 6.6% apart, a length between them is not known to read alike.
     """
-    from edgebatch.probing.summary import judged_budget_bytes
-    from edgebatch.threads import recorded_inter_op_threads
+    from edgebatch.probing.budget import judged_bytes
 
-    fit_budget = fit_budget_bytes(profile.budget_bytes, recorded_inter_op_threads(profile.search))
     return ceiling_at_length(
         length,
         per_length=profile.per_length,
         token_model=profile.token_model,
-        fit_budget_bytes=judged_budget_bytes(profile.trials, fit_budget),
+        fit_budget_bytes=judged_bytes(profile),
         headroom=profile.headroom,
         multiple=int(profile.search.get("multiple", 1)),
     )
