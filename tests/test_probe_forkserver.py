@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from edgebatch.probing import api
+from edgebatch.probing import fresh_workers
 from edgebatch.probing.forkserver import ENV_DISABLE, ForkServer, ForkServerError, fork_server_wanted
 from edgebatch.probing.worker import WorkerSetup, start_worker, worker_environment
 
@@ -31,7 +31,7 @@ def test_only_cpu_probes_on_linux_use_a_fork_server(monkeypatch):
 @pytest.mark.parametrize(("room", "budget", "served"), [
     (20 * 1024 * MIB, 4 * 1024 * MIB, True),
     (20 * 1024 * MIB, 20 * 1024 * MIB, False),  # the default budget is all of the room
-    (4 * 1024 * MIB, 4 * 1024 * MIB - api.FORK_SERVER_RESERVE_BYTES + 1, False),
+    (4 * 1024 * MIB, 4 * 1024 * MIB - fresh_workers.FORK_SERVER_RESERVE_BYTES + 1, False),
     (None, 1024 * MIB, False),  # the room cannot be read
 ])
 def test_the_server_runs_only_with_room_for_it_beside_the_budget(monkeypatch, room, budget, served):
@@ -42,7 +42,7 @@ def test_the_server_runs_only_with_room_for_it_beside_the_budget(monkeypatch, ro
     monkeypatch.delenv(ENV_DISABLE, raising=False)
     monkeypatch.setattr(budget_module, "device_room_bytes", lambda device: room)
     monkeypatch.setattr(forkserver, "ForkServer", lambda env: started.append(env) or "server")
-    fresh = api._FreshWorkers("CPU:0", budget, print)
+    fresh = fresh_workers.FreshWorkers("CPU:0", budget, print)
     assert (fresh.server == "server") == (served and sys.platform.startswith("linux"))
     fresh.server = None
 

@@ -13,7 +13,7 @@ import pytest
 from test_sensors_nvml import FakeNvml, two_gpus
 
 from edgebatch.errors import ProbeError, UsageError
-from edgebatch.probing import api, budget
+from edgebatch.probing import api, budget, readings
 from edgebatch.probing.budget import DeviceFacts, default_budget, device_facts, with_worker_gpu_details
 from edgebatch.probing.trial import is_oom, is_oom_error
 from edgebatch.probing.worker import MEASURE_FIELDS, WorkerSetup, measure_of, start_worker
@@ -145,9 +145,9 @@ def test_a_gpu_trial_is_judged_by_its_device_footprint():
         "step_seconds": 0.1,
         "samples_per_second": 640.0,
     }
-    trial = api._trial_from_reply(reply, "device_used", 1 * GiB)
+    trial = readings.trial_from_reply(reply, "device_used", 1 * GiB)
     assert trial.ok is False and trial.error == "over_budget" and trial.peak_bytes == 1400 * MiB
-    assert api._trial_from_reply(reply, "allocator_peak", 1 * GiB).ok is True
+    assert readings.trial_from_reply(reply, "allocator_peak", 1 * GiB).ok is True
 
 
 # ---- GPUs without NVML (Jetson, ROCm) --------------------------------------------------------

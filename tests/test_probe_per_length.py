@@ -45,10 +45,11 @@ def test_without_a_prior_the_search_is_unchanged():
     assert next_step(config, []) == Run(8)
 
 
-def scripted_search(budget_bytes, calls):
-    """Stands in for api._search: reads the landscape at the setup's length, records what it was given."""
+def scripted_search(budget_bytes, calls, workers):
+    """Stands in for run_search with its workers bound (as the probe binds them): reads the
+    landscape at the setup's length, records what it was given and the workers it would run in."""
 
-    def search(config, setup, workers, measure, progress, fork):
+    def search(config, setup):
         length = setup.sequence_length
         calls.append((length, config.prior_model, list(workers)))
         outcomes_peak = lambda b: int(peak_mib(b, length) * MIB)
@@ -80,7 +81,7 @@ def test_lengths_are_searched_ends_first_and_later_ones_start_at_the_prediction(
     workers = [scout]
     setup = dataclasses.make_dataclass("Setup", [("sequence_length", int)])(64)
     results = per_length.search_lengths((64, 128, 256, 512), SearchConfig(budget_bytes=budget), setup, workers,
-                                        "process_peak", lambda line: None, None, scripted_search(budget, calls))
+                                        lambda line: None, scripted_search(budget, calls, workers))
     assert [length for length, _, _ in calls] == [64, 512, 128, 256]
     assert calls[0][2] == [scout] and scout.closed, "the scout serves the first length, then is closed"
     assert calls[0][1] is None and calls[1][1] is None, "the two ends are searched in full"

@@ -27,7 +27,7 @@ SEARCH = ProbeRequest().search_settings()
 
 
 class StandInWorker:
-    """A worker for tests of where api._search starts workers: `reply(batch)` is its trial's reply.
+    """A worker for tests of where run_search starts workers: `reply(batch)` is its trial's reply.
     run_trial is begin_trial then finish_trial, as in worker.Worker."""
 
     step_seconds_per_sample = None
@@ -50,12 +50,12 @@ class StandInWorker:
 
 
 def start_stand_ins(monkeypatch, start_worker):
-    """api's three ways to start a worker all go to `start_worker(setup, server=None)`."""
-    from edgebatch.probing import api
+    """fresh_workers' three ways to start a worker all go to `start_worker(setup, server=None)`."""
+    from edgebatch.probing import fresh_workers
 
-    monkeypatch.setattr(api, "start_worker", start_worker)
-    monkeypatch.setattr(api, "spawn_worker", start_worker)
-    monkeypatch.setattr(api, "await_ready", lambda worker: worker)
+    monkeypatch.setattr(fresh_workers, "start_worker", start_worker)
+    monkeypatch.setattr(fresh_workers, "spawn_worker", start_worker)
+    monkeypatch.setattr(fresh_workers, "await_ready", lambda worker: worker)
 
 
 def problem(search=None, headroom=0.10, budget=GIB, **requested):
@@ -122,7 +122,7 @@ def test_the_measurement_margin_is_one_percent_with_one_inter_op_thread_and_2_5_
 
 
 def test_fork_server_children_prewarm_at_the_start_batch_and_not_under_an_address_space_cap():
-    from edgebatch.probing.api import PREWARM_STEPS, prewarm_of
+    from edgebatch.probing.fresh_workers import PREWARM_STEPS, prewarm_of
 
     child = {"new_process": False, "inter_op_threads": 1}
     assert prewarm_of(688, start_batch=8, capped=False, **child) == (8, PREWARM_STEPS)
@@ -135,7 +135,7 @@ def test_new_processes_with_one_inter_op_thread_run_what_training_runs_no_prewar
     """A prewarm at 8 lifted text_cnn at 799 by one allocator region (1,265 MiB in 8 of 8 new
     processes, 1,152 MiB in 14 of 15 without it, as training reads); with TensorFlow's pool the
     prewarm stays, for the climb over the first steps."""
-    from edgebatch.probing.api import PREWARM_STEPS, prewarm_of
+    from edgebatch.probing.fresh_workers import PREWARM_STEPS, prewarm_of
 
     assert prewarm_of(799, start_batch=8, capped=False, new_process=True, inter_op_threads=1) == (None, 0)
     assert prewarm_of(799, start_batch=8, capped=False, new_process=True, inter_op_threads=0) == (8, PREWARM_STEPS)
@@ -145,7 +145,7 @@ def test_new_processes_with_one_inter_op_thread_run_what_training_runs_no_prewar
 
 def test_the_probe_gives_new_process_workers_no_prewarm_and_fork_children_one(monkeypatch):
     """Which setup each way of starting a fresh worker gets, read where the worker is started."""
-    from edgebatch.probing import api
+    from edgebatch.probing import fresh_workers
     from edgebatch.probing.search import SearchConfig
     from edgebatch.probing.worker import WorkerSetup
 
@@ -170,27 +170,27 @@ def test_the_probe_gives_new_process_workers_no_prewarm_and_fork_children_one(mo
     start_stand_ins(monkeypatch, start_worker)
     setup = WorkerSetup(model_spec="text_cnn")
     config = SearchConfig(budget_bytes=1280 * 2**20)
-    api._worker_for(799, config, setup, [], fresh=True, fork=None)
+    fresh_workers.worker_for(799, config, setup, [], fresh=True, fork=None)
     assert started.pop() == (None, 0, None), "a new process, as training starts: no prewarm"
     assert steps.pop() == setup.steps_per_trial == 3, "a first reading settles as any trial does"
-    api._worker_for(799, config, setup, [], fresh=True, fork=None, repeat=True)
-    assert started.pop() == (None, 0, None) and steps.pop() == api.REPEAT_STEPS == 14, "a repeat runs longer"
-    api._repeats_side_by_side(799, 2, config, setup, "process_peak", seconds_per_sample=0.004)
+    fresh_workers.worker_for(799, config, setup, [], fresh=True, fork=None, repeat=True)
+    assert started.pop() == (None, 0, None) and steps.pop() == fresh_workers.REPEAT_STEPS == 14, "a repeat runs longer"
+    fresh_workers.repeats_side_by_side(799, 2, config, setup, "process_peak", seconds_per_sample=0.004)
     assert started == [(None, 0, None)] * 2, "the answer's repeats are new processes"
-    assert steps == [api.REPEAT_STEPS] * 2, "side by side as well"
+    assert steps == [fresh_workers.REPEAT_STEPS] * 2, "side by side as well"
     steps.clear()
     # With no prewarm to time, the trial's deadline is foreseen from the search's own trials.
     assert [worker.deadline_seconds_per_sample for worker in workers[-2:]] == [0.004, 0.004]
     started.clear()
-    fork = api._FreshWorkers.__new__(api._FreshWorkers)
+    fork = fresh_workers.FreshWorkers.__new__(fresh_workers.FreshWorkers)
     fork.server, fork._progress = "a fork server", print
-    api._worker_for(799, config, setup, [], fresh=True, fork=fork)
-    assert started == [(8, api.PREWARM_STEPS, "a fork server")], "a fork-server child prewarms at the start batch"
+    fresh_workers.worker_for(799, config, setup, [], fresh=True, fork=fork)
+    assert started == [(8, fresh_workers.PREWARM_STEPS, "a fork server")], "a fork-server child prewarms at the start batch"
     assert steps == [3]
 
 
 def test_a_fresh_workers_first_deadline_comes_from_the_slowest_step_per_sample_seen():
-    from edgebatch.probing.api import _seconds_per_sample_seen
+    from edgebatch.probing.fresh_workers import seconds_per_sample_seen
     from edgebatch.profiles.model import Trial
 
     def trial(batch, step_seconds):
@@ -198,10 +198,10 @@ def test_a_fresh_workers_first_deadline_comes_from_the_slowest_step_per_sample_s
                      process_peak_bytes=None, allocator_peak_bytes=None, step_seconds=step_seconds,
                      samples_per_second=None)
 
-    assert _seconds_per_sample_seen([]) is None
-    assert _seconds_per_sample_seen([trial(8, None)]) is None
+    assert seconds_per_sample_seen([]) is None
+    assert seconds_per_sample_seen([trial(8, None)]) is None
     # 8 at 0.4 s is 0.05 s a sample, 512 at 12.8 s 0.025: the slower rate, so the deadline errs long.
-    assert _seconds_per_sample_seen([trial(8, 0.4), trial(512, 12.8), trial(600, None)]) == 0.05
+    assert seconds_per_sample_seen([trial(8, 0.4), trial(512, 12.8), trial(600, None)]) == 0.05
 
 
 def test_a_profile_from_before_inter_op_threads_were_recorded_counts_as_tensorflows_pool():
@@ -390,7 +390,7 @@ def test_a_budget_below_the_workers_baseline_is_refused_before_any_trial(tmp_pat
 
 
 def test_repeats_of_the_answer_run_side_by_side_only_with_room_for_each_and_a_core_each():
-    from edgebatch.probing.api import FORK_SERVER_RESERVE_BYTES, fits_side_by_side
+    from edgebatch.probing.fresh_workers import FORK_SERVER_RESERVE_BYTES, fits_side_by_side
 
     assert fits_side_by_side(2, 24 * GIB, 1536 * MIB, cores=2)
     assert not fits_side_by_side(3, 24 * GIB, 1536 * MIB, cores=2)
@@ -401,8 +401,8 @@ def test_repeats_of_the_answer_run_side_by_side_only_with_room_for_each_and_a_co
 
 def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatch):
     """A children-only bump is read again by one new process, the answer's missing repeats by
-    several side by side (search.Run.readings); counted where api._search starts workers."""
-    from edgebatch.probing import api
+    several side by side (search.Run.readings); counted where run_search starts workers."""
+    from edgebatch.probing import fresh_workers, run_search
     from edgebatch.probing.search import Done, Run, SearchConfig
     from edgebatch.probing.worker import WorkerSetup
 
@@ -429,7 +429,7 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
             return start_worker(setup_for(False), server=self.server)
 
         def new_process(self, setup):  # no workers started ahead here (tests/test_probe_spares.py has them)
-            return api.start_worker(setup)
+            return fresh_workers.start_worker(setup)
 
         spawn_new_process = new_process
 
@@ -439,10 +439,10 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
     script = iter([Run(300, fresh=True), Run(300, fresh=True, readings=1), Run(300, fresh=True, readings=2),
                    Done(300)])
     start_stand_ins(monkeypatch, start_worker)
-    monkeypatch.setattr(api, "next_step", lambda config, outcomes: next(script))
+    monkeypatch.setattr(run_search, "next_step", lambda config, outcomes: next(script))
     config = SearchConfig(budget_bytes=1280 * 2**20)
-    trials, done = api._search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lambda line: None,
-                               fork=Fork())
+    trials, done = run_search.run_search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak",
+                                         lambda line: None, fork=Fork())
     assert done == Done(300)
     # A child first, then one new process for readings=1, then two side by side for readings=2.
     assert started == ["a fork server", None, None, None]
@@ -455,23 +455,23 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
     lines = []
     script = iter([Run(300, fresh=True), Run(300, fresh=True, readings=5), Run(300, fresh=True, readings=3),
                    Run(300, fresh=True, readings=1), Done(300)])
-    trials, done = api._search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lines.append,
-                               fork=Fork())
+    trials, done = run_search.run_search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak",
+                                         lines.append, fork=Fork())
     assert started == ["a fork server"] + [None] * 5
     assert sum("2 side by side" in line for line in lines) == 4, lines
 
     # A first reading asked of a new process (search._fresh_endgame) is one, with a repeat's steps,
     # where the fork server would give a child; without one, a plain fresh worker.
     steps = []
-    monkeypatch.setattr(api, "start_worker", lambda setup, server=None: steps.append(setup.steps_per_trial)
+    monkeypatch.setattr(fresh_workers, "start_worker", lambda setup, server=None: steps.append(setup.steps_per_trial)
                         or start_worker(setup, server))
-    for fork, wanted_steps, note in ((Fork(), api.REPEAT_STEPS, "(fresh worker, a new process)"),
+    for fork, wanted_steps, note in ((Fork(), fresh_workers.REPEAT_STEPS, "(fresh worker, a new process)"),
                                      (None, WorkerSetup(model_spec="small_cnn").steps_per_trial, "(fresh worker)")):
         started.clear()
         steps.clear()
         lines = []
         script = iter([Run(300, fresh=True, new_process=True), Done(300)])
-        api._search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lines.append, fork=fork)
+        run_search.run_search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lines.append, fork=fork)
         trial_lines = [line for line in lines if line.lstrip().startswith("batch ")]
         assert started == [None] and steps == [wanted_steps] and trial_lines[-1].endswith(note), (steps, lines)
         assert lines[-1].startswith("    1 trial, ")  # the time line follows every step

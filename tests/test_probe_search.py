@@ -635,7 +635,7 @@ def test_an_out_of_memory_failure_in_a_fresh_worker_is_a_transient_only_below_ha
 
 
 def simulate_with_fork_server(config, peak_of, limit=80):
-    """Drive the search as api._search starts its workers: a fresh trial of a batch a fresh worker
+    """Drive the search as run_search starts its workers: a fresh trial of a batch a fresh worker
     already read, or one the search asks of a new process, runs in a new process, other fresh trials are fork-server children, and the first
     worker (the scout) is a new process. peak_of(batch, forked) is the reading (forked: None for
     the scout's reused trials). Returns (the Done step, the outcomes, {batch: readings asked} for
@@ -871,7 +871,7 @@ def test_a_fit_inside_a_band_does_not_clear_failures_below_it_so_checked_binsear
 
 
 def test_the_probe_says_once_when_it_sees_a_band():
-    from edgebatch.probing import api
+    from edgebatch.probing import run_search
     from edgebatch.profiles.model import Trial
 
     def trial(batch, ok):
@@ -882,7 +882,7 @@ def test_the_probe_says_once_when_it_sees_a_band():
     config = SearchConfig(budget_bytes=2000 * MIB)
     trials, outcomes, lines = [], [], []
     for batch, ok in ((100, True), (130, False), (130, True), (120, False)):
-        api._record(trial(batch, ok), trials, outcomes, config, lines.append, "")
+        run_search.record_trial(trial(batch, ok), trials, outcomes, config, lines.append, "")
     band = [line for line in lines if "band" in line]
     assert band == ["  fresh workers both ran and ran out of memory at or below batch 130: the edge is a band here, "
                     f"so the answer needs {ANSWER_READINGS * BAND_READINGS_FACTOR} fresh readings"], lines
@@ -946,13 +946,13 @@ def test_a_child_far_above_the_steady_lift_of_the_others_shows_levels_and_asks_f
 
 
 def test_the_probe_says_once_that_a_childs_level_asks_for_more_readings():
-    from edgebatch.probing import api
+    from edgebatch.probing import run_search
     from edgebatch.profiles.model import Trial
 
     config = SearchConfig(budget_bytes=int(1536 * 0.99 * MIB))
     trials, outcomes, lines = [], [], []
     for batch, peak, forked in SMALL_CNN_AMD_SUITE:
-        api._record(Trial(batch=batch, ok=peak <= config.budget_bytes,
+        run_search.record_trial(Trial(batch=batch, ok=peak <= config.budget_bytes,
                           error=None if peak <= config.budget_bytes else "over_budget", peak_bytes=peak,
                           process_peak_bytes=peak, allocator_peak_bytes=None, step_seconds=1.0,
                           samples_per_second=10.0, fresh=True, forked=forked),
@@ -1001,7 +1001,7 @@ def test_the_unsafe_mobilenet_v2_answer_is_read_again_where_its_readings_differe
 
 
 def test_the_probe_says_once_that_differing_readings_ask_for_more_readings():
-    from edgebatch.probing import api
+    from edgebatch.probing import run_search
     from edgebatch.profiles.model import Trial
 
     def trial(batch, mib):
@@ -1012,7 +1012,7 @@ def test_the_probe_says_once_that_differing_readings_ask_for_more_readings():
         config = SearchConfig(budget_bytes=2000 * MIB, strategy=strategy)
         trials, outcomes, lines = [], [], []
         for batch, mib in ((800, 1152.0), (800, 1252.2), (800, 1300.0)):
-            api._record(trial(batch, mib), trials, outcomes, config, lines.append, "")
+            run_search.record_trial(trial(batch, mib), trials, outcomes, config, lines.append, "")
         spread_lines = [line for line in lines if "apart" in line]
         assert len(spread_lines) == 2, lines  # the spread widened twice
         wants = [line for line in spread_lines if "fresh readings" in line]

@@ -65,9 +65,9 @@ def test_the_hosts_room_counts_the_probes_own_workers_as_free(monkeypatch):
 
 
 def test_a_search_whose_failures_met_a_squeezed_host_gives_no_answer(monkeypatch):
-    """Through api._search with stand-in workers: 8 fits, everything above is killed while the host
+    """Through run_search with stand-in workers: 8 fits, everything above is killed while the host
     has 100 MiB of room; the watch says the answer (8) is the host's."""
-    from edgebatch.probing import api
+    from edgebatch.probing import fresh_workers, run_search
     from edgebatch.probing.search import SearchConfig
     from edgebatch.probing.worker import WorkerSetup
 
@@ -100,15 +100,16 @@ def test_a_search_whose_failures_met_a_squeezed_host_gives_no_answer(monkeypatch
         def close(self, at_once=False):
             pass
 
-    monkeypatch.setattr(api, "start_worker", lambda setup, server=None: StandIn())
-    monkeypatch.setattr(api, "spawn_worker", lambda setup, server=None: StandIn())
-    monkeypatch.setattr(api, "await_ready", lambda worker: worker)
+    monkeypatch.setattr(fresh_workers, "start_worker", lambda setup, server=None: StandIn())
+    monkeypatch.setattr(fresh_workers, "spawn_worker", lambda setup, server=None: StandIn())
+    monkeypatch.setattr(fresh_workers, "await_ready", lambda worker: worker)
     watch = squeeze.RoomWatch(lambda pids: 100 * MIB)
     config = SearchConfig(budget_bytes=GIB, start_batch=8)
-    trials, done = api._search(config, WorkerSetup(model_spec="mlp"), [], "process_peak", lambda line: None,
-                               watch=watch)
+    trials, done = run_search.run_search(config, WorkerSetup(model_spec="mlp"), [], "process_peak", lambda line: None,
+                                         watch=watch)
     assert done.max_batch == 8 and any(t.error == "worker_killed" for t in trials)
     assert "batch 16 failed (worker killed) while the host had 100.00 MiB" in watch.problem(GIB)
     unsqueezed = squeeze.RoomWatch(lambda pids: 8 * GIB)
-    api._search(config, WorkerSetup(model_spec="mlp"), [], "process_peak", lambda line: None, watch=unsqueezed)
+    run_search.run_search(config, WorkerSetup(model_spec="mlp"), [], "process_peak", lambda line: None,
+                          watch=unsqueezed)
     assert unsqueezed.problem(GIB) is None

@@ -175,10 +175,10 @@ def test_the_fork_server_closes_when_an_interrupt_left_popens_lock_held():
 
 
 def test_ctrl_c_during_side_by_side_repeats_kills_their_workers_at_once(monkeypatch):
-    """The answer's repeats run two or more new processes at once (api._repeats_side_by_side). With
+    """The answer's repeats run two or more new processes at once (fresh_workers.repeats_side_by_side). With
     a thread per worker, SIGTERM there waited for every trial to end (19 s for small_cnn under
     3 GiB); here the trials hang, so that wait would be the trial deadline (120 s)."""
-    from edgebatch.probing import api
+    from edgebatch.probing import fresh_workers
     from edgebatch.probing.search import SearchConfig
 
     pids = []
@@ -191,14 +191,14 @@ def test_ctrl_c_during_side_by_side_repeats_kills_their_workers_at_once(monkeypa
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(api, "spawn_worker", spawn)
+    monkeypatch.setattr(fresh_workers, "spawn_worker", spawn)
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, 2.0)  # by then both stand-ins are ready and in their trials
     started = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
-            api._repeats_side_by_side(64, 2, SearchConfig(budget_bytes=2**30), WorkerSetup(model_spec="hang"),
-                                      "process_peak")
+            fresh_workers.repeats_side_by_side(64, 2, SearchConfig(budget_bytes=2**30), WorkerSetup(model_spec="hang"),
+                                               "process_peak")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

@@ -3,9 +3,10 @@
 outcomes.py (shared records), search.py (pure strategy; baselines.py, the peers' finders, for
 benchmarks), memory_fit.py and summary.py (pure numbers), margins.py (how far under the budget a
 peak must stay), reuse.py (when a cached profile answers), trial.py (TensorFlow steps), worker.py
-(trials in worker processes), reaping.py (killing them), forkserver.py (fresh workers without a
-new TensorFlow import), budget.py (device and budget), per_length.py and token_fit.py (a probe per
-sequence length), api.py (the recipe), lookup.py (a model's cached profile, for training code).
+(trials in worker processes), reaping.py (killing them), forkserver.py and fresh_workers.py (fresh
+workers), run_search.py (the search run in workers), budget.py (device and Budget), per_length.py
+and token_fit.py (a probe per sequence length), api.py (the recipe, over probe_run.ProbeRun),
+build_profile.py (its profile), lookup.py (a model's cached profile, for training code).
 Importing this package does not import TensorFlow.
 
 The package is `edgebatch.probing` so that `edgebatch.probe`, the function, does not shadow it

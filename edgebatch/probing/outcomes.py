@@ -148,7 +148,7 @@ class Run:
     """Run a trial at `batch`; `fresh`: in a worker that has run no other trial batch.
 
     `readings`: how many fresh workers read the batch, where a fresh worker already read it (a
-    repeat): each is a new process, side by side where the device has room (api._search). A first
+    repeat): each is a new process, side by side where the device has room (run_search.py). A first
     reading of a batch is always one trial.
     `new_process`: a fresh first reading that runs in a new process, as a repeat does, rather than
     in a fork-server child (search._fresh_endgame: where a child's reading would be read again in

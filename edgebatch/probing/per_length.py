@@ -10,7 +10,7 @@ steering by the prediction turned through its own readings (memory_fit.prior_thr
 
 `resolve_lengths` (which lengths, or a one-line UsageError) and `summarise_lengths` (the table and
 the model from the trials) are pure; `search_lengths` drives the workers through the `search`
-callable it is given (api._search).
+callable it is given (run_search.run_search).
 """
 
 from __future__ import annotations
@@ -60,15 +60,18 @@ def check_sequence_axis(model_name: str, lengths: tuple[int, ...] | None, has_se
         )
 
 
-Search = Callable[..., tuple[list[Trial], object]]
+# One search of one length: (config, setup) -> (trials, Done). The probe binds the rest of
+# run_search's arguments (workers, measure, progress, fork server, room watch) once for all lengths.
+Search = Callable[[SearchConfig, object], tuple[list[Trial], object]]
 
 
-def search_lengths(lengths: Sequence[int], config: SearchConfig, setup, workers: list, measure: str, progress,
-                   fork, search: Search) -> dict[int, tuple[list[Trial], int | None]]:
-    """Run `search` (api._search) once per length in token_fit.probe_order; length -> (trials, max_batch).
+def search_lengths(lengths: Sequence[int], config: SearchConfig, setup, workers: list, progress,
+                   search: Search) -> dict[int, tuple[list[Trial], int | None]]:
+    """Run `search` (run_search.run_search) once per length in token_fit.probe_order; length -> (trials, max_batch).
 
     Trials come back marked with their `seq_len`. `workers` holds the scout, started for the first
-    length in that order; each later length closes every worker first.
+    length in that order, and is the list `search` runs its workers from; each later length closes
+    every worker first.
     """
     results: dict[int, tuple[list[Trial], int | None]] = {}
     earlier: list[Trial] = []
@@ -89,7 +92,7 @@ def search_lengths(lengths: Sequence[int], config: SearchConfig, setup, workers:
             )
         length_config = dataclasses.replace(config, prior_model=prior)
         length_setup = dataclasses.replace(setup, sequence_length=length)
-        trials, final = search(length_config, length_setup, workers, measure, progress, fork)
+        trials, final = search(length_config, length_setup)
         trials = [dataclasses.replace(trial, seq_len=length) for trial in trials]
         earlier += trials
         results[length] = (trials, final.max_batch)

@@ -153,8 +153,8 @@ class Worker:
       growing phase and starts a fresh worker whenever the search steps back down. Memory retained
       from earlier trials still lifts a scout's readings a little, on the safe side (small_cnn's
       answer 338 against a fresh-process truth of 342; dense_wide's 290 against 332: BENCHMARKS.md).
-    - A fresh worker may first run a few cheap steps at a small batch (`prewarm`; api.prewarm_of
-      says when): fork-server children and workers under TensorFlow's inter-op pool do, whose
+    - A fresh worker may first run a few cheap steps at a small batch (`prewarm`;
+      fresh_workers.prewarm_of says when): fork-server children and workers under TensorFlow's inter-op pool do, whose
       resident peak climbs for 5-11 steps otherwise
       (docs/tensorflow-memory.md#peak-climbs-over-the-first-steps); new processes with one
       inter-op thread and capped workers do not, as training does not. An address-space cap
@@ -206,7 +206,7 @@ class Worker:
 
     def begin_trial(self, batch: int) -> None:
         """Ask for a trial at `batch` and return at once; finish_trial() waits for its reply. Several
-        workers can so run their trials side by side from one thread (api._repeats_side_by_side)."""
+        workers can so run their trials side by side from one thread (fresh_workers.repeats_side_by_side)."""
         self.largest_batch = max(self.largest_batch, batch)
         self.trials_run += 1
         swap_before = _process_swap_bytes(self.process.pid)

@@ -111,7 +111,7 @@ class _CountingList(list):
 def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
     """One probe with `strategy` on edgebatch's trial runner; what it found and what it cost."""
     from edgebatch.errors import EdgebatchError
-    from edgebatch.probing import api, margins
+    from edgebatch.probing import fresh_workers, margins, run_search
     from edgebatch.probing.search import SearchConfig
     from edgebatch.probing.worker import WorkerSetup, start_worker
     from edgebatch.zoo import parse_model_spec
@@ -145,8 +145,8 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         # Fresh workers as `edgebatch probe` starts them: forked from a fork server where the device
         # has room for one beside the budget (api._FreshWorkers), else new processes. Every method
         # gets the same runner.
-        fork = api._FreshWorkers("CPU:0", budget, lambda line: None)
-        trials, final = api._search(config, setup, workers, "process_peak", lambda line: None, fork)
+        fork = fresh_workers.FreshWorkers("CPU:0", budget, lambda line: None)
+        trials, final = run_search.run_search(config, setup, workers, "process_peak", lambda line: None, fork)
         found = final.max_batch
         # The batch the profile would give training (the governor's ceiling): api._build_profile's
         # reading of the same trials, at the default headroom, multiple 1.
