@@ -20,7 +20,7 @@ from edgebatch.errors import ProfileError
 #: 2: a probe per sequence length adds `per_length`, `token_model` and the trials' `seq_len`.
 SCHEMA_VERSION = 2
 #: Older versions this edgebatch still reads. Version 2 only added optional fields, so a version-1
-#: file means what it always meant (its answers are not stale for it: fleet/report.py).
+#: file means what it always meant (its answers are not stale for it: fleet/report_flags.py).
 READABLE_SCHEMA_VERSIONS = (1, 2)
 #: The oldest schema whose answers (max_batch, safe_batch, ...) mean what this one's do: a fleet
 #: report calls profiles of an older schema stale.
