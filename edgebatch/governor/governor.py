@@ -137,16 +137,36 @@ class Governor:
     ) -> Governor:
         """A governor for `profile` (duck-typed DeviceProfile) training with `effective_batch`.
 
-        Ceiling: profile.safe_batch (profile.max_batch with use_max_batch); memory model from
-        profile.memory_model when it has one, in profile.measure (so it is applied only to the
-        sensor that reads the same measure: process RSS on CPU, allocator bytes on GPU). The probe
-        measured a plain training step; `fit` adds memory of its own: pass the Keras `model` to
-        count its gradient accumulators (one copy of the trainable weights) and `extra_bytes` for
-        anything else (the read-ahead buffer). Start micro-batch = min(effective_batch, ceiling).
-        `config_overrides` are GovernorConfig fields and win over what the profile says.
-        Warns when TensorFlow here runs another inter-op setting (edgebatch.threads), or this
-        process another malloc arena limit (edgebatch.malloc_arenas), than the profile was measured
-        with: its peaks then differ from the profile's.
+        Its ceiling is the profile's safe_batch, its memory model the profile's line in the
+        profile's measure (applied only to the sensor that reads that measure: process RSS on CPU,
+        allocator bytes on GPU), and it starts at min(effective_batch, ceiling). It warns when
+        TensorFlow here runs another inter-op setting (edgebatch.threads), or this process another
+        malloc arena limit (edgebatch.malloc_arenas), than the profile was measured with.
+
+        Args:
+            profile: a DeviceProfile (edgebatch.probe, edgebatch.cached_profile, or load_profile).
+            effective_batch: examples per update.
+            use_max_batch: take profile.max_batch as the ceiling instead of safe_batch.
+            model: the Keras model to train: fit holds one gradient accumulator per trainable
+                weight beside the probe's plain step, and the governor counts it.
+            extra_bytes: any other memory training holds beside the step (a read-ahead buffer).
+            **config_overrides: GovernorConfig fields; they win over what the profile says.
+
+        Returns:
+            A Governor in "fixed" mode for fit.
+
+        Raises:
+            GovernorConfigError: no ceiling in the profile, a negative extra_bytes, or an override
+                GovernorConfig refuses.
+
+        Example (runs in tests/test_docstring_examples.py):
+            >>> import glob
+            >>> from edgebatch import Governor
+            >>> from edgebatch.profiles import load_profile
+            >>> profile = load_profile(sorted(glob.glob("device_profiles/*mobilenet_v2*.json"))[0])
+            >>> governor = Governor.from_profile(profile, effective_batch=4096)
+            >>> governor.config.ceiling_batch == profile.safe_batch, governor.config.effective_batch
+            (True, 4096)
         """
         ceiling = profile.max_batch if use_max_batch else profile.safe_batch
         warn_on_mismatches(profile)

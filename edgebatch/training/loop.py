@@ -52,33 +52,56 @@ def fit(
 ) -> FitReport:
     """Train `model` on `dataset` with governor-sized micro-batches and gradient accumulation.
 
-    `dataset`: tf.data.Dataset of (x, y) examples, consumed in order (a batched one is unbatched
-    first). Each update takes `effective_batch` consecutive examples (the governor's in elastic mode;
-    an epoch's last update may take fewer). `loss`: a Keras loss object (its reduction is replaced by
-    the exact mean over the update), a loss name, or a callable returning per-example losses;
-    `optimizer`: a Keras optimizer; both default to what `model.compile` set.
-    Give `effective_batch` once: to fit, which builds Governor(GovernorConfig(ceiling_batch=
-    effective_batch, effective_batch=effective_batch)), or in the `governor` you give (used as is
-    unless a checkpoint restores it; giving both still works when they agree; with `adapt`, fit's is
-    where adapt starts, at most the governor's). `pressure_reader`: read once per update; without one the
-    governor reacts only to OOMs and to slow steps of fixed-length examples.
-    `max_updates`: stop after this many updates in all. `callbacks`: Keras callbacks driven as
-    model.fit drives them, one "batch" per update with logs {"loss": ...}; one that sets
-    `model.stop_training` stops fit after that update. `on_update(record)`: after every update.
-    `batch_norm`: BatchNormalization normalizes each micro-batch by its own statistics, so the split
-    changes the result: "allow" trains anyway and warns once per model; "fixed_micro_batch" keeps
-    the governor's starting micro-batch (only an OOM shrinks it); "refuse" raises UsageError.
-    `adapt`: an edgebatch.adapt.AdaptConfig; its policy moves the effective batch from gradient
-    statistics, the governor (mode "fixed") still bounds every micro-batch.
-    MirroredStrategy (model and optimizer built in its scope): micro-batches are global, split over
-    the replicas. MultiWorkerMirroredStrategy: each worker trains its share of every update;
-    `worker_shares` (one weight per worker) sets the shares and lets each worker's governor decide,
-    else shares are even and the governors decide in lockstep. Other strategies are refused.
-    Records (options.py): `checkpointing=Checkpointing(dir, every_updates, max_to_keep)`,
-    `sequences=Sequences(length_ceilings, batch_unit, length_window_examples)` for variable-length
-    examples, `logs=Logs(log_dir, decision_log)`. Their fields were fit's keywords (checkpoint_dir,
-    checkpoint_every_updates, max_checkpoints_to_keep, and the same names), which still work and warn
-    once (`moved`). docs/training-design.md has the detail. Returns a FitReport of this call.
+    Each update takes `effective_batch` consecutive examples and equals the plain loop's update over
+    them, whatever the micro-batch split and OOM retries (docs/training-design.md has the detail:
+    strategies, resume, which OOMs can be recovered).
+
+    Args:
+        model: a compiled or uncompiled Keras 3 or tf_keras model.
+        dataset: tf.data.Dataset of (x, y) examples, consumed in order (a batched one is unbatched).
+        loss: a Keras loss object (its reduction becomes the exact mean over the update), a loss
+            name, or a callable returning per-example losses; default: what `model.compile` set.
+        optimizer: a Keras optimizer; default: what `model.compile` set.
+        effective_batch: examples per update (an epoch's last update may take fewer). Give it once:
+            here (fit builds the governor) or in `governor` (both still work when they agree; with
+            `adapt`, this is where adapt starts).
+        governor: an edgebatch.Governor (e.g. Governor.from_profile); used as is unless a
+            checkpoint restores it.
+        epochs: passes over `dataset`.
+        max_updates: stop after this many updates in all.
+        callbacks: Keras callbacks, driven as model.fit drives them, one "batch" per update with
+            logs {"loss": ...}; one that sets `model.stop_training` stops fit after that update.
+        on_update: called with each UpdateRecord.
+        pressure_reader: an edgebatch.PressureReader, read once per update; without one the
+            governor reacts only to OOMs and to slow steps of fixed-length examples.
+        batch_norm: BatchNormalization normalizes each micro-batch by its own statistics: "allow"
+            trains anyway and warns once per model, "fixed_micro_batch" keeps the starting
+            micro-batch (only an OOM shrinks it), "refuse" raises UsageError.
+        adapt: an edgebatch.adapt.AdaptConfig: moves the effective batch from gradient statistics;
+            the governor still bounds every micro-batch.
+        worker_shares: under MultiWorkerMirroredStrategy, one weight per worker (its share of each
+            update, each worker's governor deciding); else shares are even, in lockstep.
+        checkpointing: Checkpointing(dir, every_updates, max_to_keep): resume where it stopped.
+        sequences: Sequences(length_ceilings, batch_unit, length_window_examples) for
+            variable-length examples.
+        logs: Logs(log_dir, decision_log).
+        **moved: the old keywords these records replaced (checkpoint_dir, ...): still work, warn once.
+
+    Returns:
+        FitReport of this call: its updates, examples seen, OOM events and exactness.
+
+    Raises:
+        UsageError: a bad argument (effective_batch given twice and differing, a strategy other
+            than Mirrored or MultiWorkerMirrored, a record field out of range, ...).
+
+    Example (runs in tests/test_docstring_examples.py):
+        >>> import edgebatch, keras, numpy as np, tensorflow as tf
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        >>> model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        >>> data = tf.data.Dataset.from_tensor_slices((np.ones((64, 4), "float32"), np.zeros(64, "int64")))
+        >>> report = edgebatch.fit(model, data, effective_batch=16)
+        >>> len(report.updates), report.examples_seen
+        (4, 64)
     """
     checkpointing, sequences, logs = _check_records(*moved_keywords(moved, checkpointing, sequences, logs))
     effective_batch = _effective_batch(effective_batch, governor)
