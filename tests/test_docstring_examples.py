@@ -31,3 +31,10 @@ def test_fit_example(monkeypatch, tmp_path):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     failed, attempted = run_examples(fit, "fit")
     assert attempted > 0 and failed == 0
+
+
+def test_supervise_example():
+    from edgebatch import supervise
+
+    failed, attempted = run_examples(supervise, "supervise")
+    assert attempted > 0 and failed == 0

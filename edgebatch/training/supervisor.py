@@ -56,7 +56,7 @@ def supervise(
     3. Wait; SIGINT/SIGTERM/SIGHUP sent to the supervisor are forwarded to the child, which then is
        not restarted.
     4. A death by SIGKILL, SIGABRT, SIGSEGV or SIGBUS is restarted (at most `max_restarts` times):
-       the command runs again and `edgebatch.fit(..., checkpoint_dir=...)` resumes from the last
+       the command runs again and `edgebatch.fit(..., checkpointing=Checkpointing(dir=...))` resumes from the last
        checkpoint, its governor told the size that was running; any other end is final.
 
     What is re-run after a kill: every update since the last checkpoint (the checkpoint frequency
@@ -67,7 +67,7 @@ def supervise(
 
     Args:
         argv: the command and its arguments (no shell).
-        checkpoint_dir: the `checkpoint_dir` the command passes to `edgebatch.fit`: where the
+        checkpoint_dir: the checkpoint folder the command gives `edgebatch.fit`: where the
             supervisor reads which micro-batch was running when the child died. Without it
             restarts still resume from the checkpoint, but the governor is not told the size.
         max_restarts: the most restarts (>= 0).
@@ -79,6 +79,12 @@ def supervise(
 
     Raises:
         UsageError: an empty command, a bad `max_restarts`, or a program that cannot be started.
+
+    Example (runs in tests/test_docstring_examples.py):
+        >>> import sys
+        >>> from edgebatch import supervise
+        >>> supervise([sys.executable, "-c", "pass"], progress=None).exit_code
+        0
     """
     command = _check_command(argv)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
