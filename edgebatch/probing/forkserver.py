@@ -2,7 +2,8 @@
 
 A fresh worker pays a TensorFlow import before it builds the model (8-20 s on two busy cores); the
 search starts several. The server imports TensorFlow and Keras, runs nothing, and forks a child per
-worker, which then runs `worker.worker_main()` exactly as `python -m edgebatch.probing.worker` would.
+worker, which then runs `worker_child.worker_main()` exactly as
+`python -m edgebatch.probing.worker` would.
 
 What a child measures must match a fresh process, so each child first touches the file-backed
 pages the server has resident (resident_file_pages); where /proc/self/pagemap cannot be read the
@@ -237,7 +238,7 @@ def _die_with_parent(expected_parent: int) -> None:
 
 def _child(connection: socket.socket, fds: list[int], env: dict[str, str], pages: array.array) -> None:
     """In the forked child: become a fresh worker on the given descriptors, then run the worker,
-    which ends the process (worker.run_and_exit) as a new process's worker ends."""
+    which ends the process (worker_child.run_and_exit) as a new process's worker ends."""
     try:
         connection.close()
         os.setsid()
@@ -249,7 +250,7 @@ def _child(connection: socket.socket, fds: list[int], env: dict[str, str], pages
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", line_buffering=True)
         os.environ.update(env)
         touch_pages(pages)
-        from edgebatch.probing.worker import run_and_exit
+        from edgebatch.probing.worker_child import run_and_exit
     except BaseException as error:  # noqa: BLE001 - the child must never return into the server loop
         try:
             print(f"forked worker failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
@@ -291,12 +292,13 @@ def server_main(argv: list[str]) -> int:
     connection = socket.socket(fileno=int(argv[0]))
     try:
         _die_with_parent(int(argv[1]))
-        # What a worker imports before it builds a model (worker.worker_main), and nothing run.
+        # What a worker imports before it builds a model (worker_child.worker_main), and nothing run.
         import keras  # noqa: F401
         import tensorflow  # noqa: F401
 
         import edgebatch.probing.trial  # noqa: F401
         import edgebatch.probing.worker  # noqa: F401
+        import edgebatch.probing.worker_child  # noqa: F401
         import edgebatch.zoo  # noqa: F401
 
         pages = resident_file_pages()
