@@ -38,3 +38,11 @@ def test_supervise_example():
 
     failed, attempted = run_examples(supervise, "supervise")
     assert attempted > 0 and failed == 0
+
+
+@pytest.mark.slow
+def test_probe_example():
+    from edgebatch import probe
+
+    failed, attempted = run_examples(probe, "probe")
+    assert attempted > 0 and failed == 0

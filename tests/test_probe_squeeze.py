@@ -7,6 +7,7 @@ import pytest
 
 from edgebatch.probing import squeeze
 from edgebatch.profiles import Trial
+from probe_stand_ins import StandInWorker, start_stand_ins
 
 MIB = 1024**2
 GIB = 1024**3
@@ -67,42 +68,26 @@ def test_the_hosts_room_counts_the_probes_own_workers_as_free(monkeypatch):
 def test_a_search_whose_failures_met_a_squeezed_host_gives_no_answer(monkeypatch):
     """Through run_search with stand-in workers: 8 fits, everything above is killed while the host
     has 100 MiB of room; the watch says the answer (8) is the host's."""
-    from edgebatch.probing import fresh_workers, run_search
+    from edgebatch.probing import run_search
     from edgebatch.probing.search import SearchConfig
     from edgebatch.probing.worker import WorkerSetup
 
     class Process:
         pid = os.getpid()
 
-    class StandIn:
-        step_seconds_per_sample = None
-        trials_run = 0
-        forked = False
-        started_ahead = False
+    class StandIn(StandInWorker):
         process = Process()
 
-        def run_trial(self, batch):
-            self.begin_trial(batch)
-            return self.finish_trial()
-
-        def begin_trial(self, batch):
-            self.trials_run, self.batch = self.trials_run + 1, batch
-
-        def finish_trial(self):
-            if self.batch <= 8:
-                return {"batch": self.batch, "ok": True, "process_peak_bytes": 300 * MIB, "step_seconds": 0.1,
+        def reply(self, batch):
+            if batch <= 8:
+                return {"batch": batch, "ok": True, "process_peak_bytes": 300 * MIB, "step_seconds": 0.1,
                         "samples_per_second": 80.0}
-            return {"batch": self.batch, "ok": False, "error": "worker_killed"}
+            return {"batch": batch, "ok": False, "error": "worker_killed"}
 
         def can_run(self, batch):
             return False
 
-        def close(self, at_once=False):
-            pass
-
-    monkeypatch.setattr(fresh_workers, "start_worker", lambda setup, server=None: StandIn())
-    monkeypatch.setattr(fresh_workers, "spawn_worker", lambda setup, server=None: StandIn())
-    monkeypatch.setattr(fresh_workers, "await_ready", lambda worker: worker)
+    start_stand_ins(monkeypatch, lambda setup, server=None: StandIn())
     watch = squeeze.RoomWatch(lambda pids: 100 * MIB)
     config = SearchConfig(budget_bytes=GIB, start_batch=8)
     trials, done = run_search.run_search(config, WorkerSetup(model_spec="mlp"), [], "process_peak", lambda line: None,

@@ -158,27 +158,47 @@ def probe(
     progress: Progress | None = None,
     **options,
 ) -> DeviceProfile:
-    """Probe the largest safe training batch of `model` on `device` and return its DeviceProfile.
+    """Probe the largest safe training batch of `model` on a device and return its DeviceProfile.
 
-    `model` is a built-in name, "FILE.py:FUNCTION", a ".keras" path, or a Keras model object (saved
-    to a temporary .keras file for the worker). `options` are ProbeRequest's fields, with its
-    defaults: device, memory_budget, allow_overcommit, precision, optimizer, optimize, start, max_batch_limit,
-    multiple, headroom, steps_per_trial, trial_seconds, inter_op_threads, answer_readings, tolerance, strategy,
-    worker_address_space_headroom_bytes, seq_lens. The ceiling holds for training run with the same `inter_op_threads` (default 1, one
-    TensorFlow inter-op thread: set_inter_op_threads in edgebatch; docs/probe-evidence.md).
-    A model with a variable sequence axis (transformer_tiny, lstm_small, your own with an input of
-    shape (None,)) is probed per length: `seq_lens` ("64,128,256" or ints; a built-in's default is
-    a ladder up to its longest length) and the profile's `per_length` and `token_model` (per_length.py).
-    A cached profile is returned, unless `force`, only where it answers this request: same device
-    (fingerprint, memory limit included) and model key, the same settings that change the answer,
-    and a budget up to 3% above the profile's or any below it, which its readings answer
-    (probing/reuse.py, probing/budget_answer.py); `progress` is told why it was or was not reused. See
-    device_profiles/README.md for every field.
+    The answer holds for training run the same way: same device, model, precision and optimizer,
+    and the same TensorFlow inter-op threads (default 1: edgebatch.set_inter_op_threads). A model
+    with a variable sequence axis (transformer_tiny, lstm_small, your own with an input of shape
+    (None,)) is probed per length (`seq_lens`; the profile's `per_length` and `token_model`).
+
+    Args:
+        model: a built-in name, "FILE.py:FUNCTION", a ".keras" path, or a Keras model object.
+        profiles_dir: where profiles are cached (default $EDGEBATCH_PROFILES or ./device_profiles);
+            a local folder or an fsspec URL.
+        force: probe even where a cached profile answers this request.
+        save: write the new profile to `profiles_dir`.
+        progress: called with each line of progress (a trial, the time left, why a cached profile
+            was or was not reused); default: silent.
+        **options: ProbeRequest's fields, with its defaults: device, memory_budget ("1.5GiB",
+            bytes; default: what the device can give now), allow_overcommit, precision, optimizer,
+            optimize ("qat", "prune"), start, max_batch_limit, multiple, headroom, steps_per_trial,
+            trial_seconds, inter_op_threads, answer_readings, tolerance, strategy,
+            worker_address_space_headroom_bytes, seq_lens.
+
+    Returns:
+        The DeviceProfile: `max_batch`, `safe_batch` (the one to train with), the memory line and
+        every trial (device_profiles/README.md). A cached one is returned, unless `force`, where
+        it answers this request: same device and model key, the same settings that change the
+        answer, and a budget up to 3% above the profile's or any below it, answered from its
+        readings (probing/reuse.py, probing/budget_answer.py).
 
     Raises:
         UsageError: a bad option (unknown name, a unit-less budget under 1 MiB, a budget above what
             the device can give without allow_overcommit, ...).
-        ProbeError: the probe could not finish (no batch fits, a worker failed).
+        ProbeError: the probe could not finish (no batch fits, a worker failed, memory was taken
+            from outside while a trial failed).
+
+    Example (runs in tests/test_docstring_examples.py):
+        >>> import tempfile
+        >>> from edgebatch import probe
+        >>> profile = probe("mlp", memory_budget="1GiB", max_batch_limit=32, answer_readings=1,
+        ...                 profiles_dir=tempfile.mkdtemp())
+        >>> profile.max_batch, profile.safe_batch <= profile.max_batch
+        (32, True)
     """
     unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ProbeRequest)})
     if unknown:

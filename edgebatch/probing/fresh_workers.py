@@ -29,7 +29,7 @@ from edgebatch.profiles import Trial
 
 # Fresh workers run this many steps at the start batch (at most half the trial's) before their
 # trial, where prewarm_of gives one: with TensorFlow's inter-op pool the resident peak climbs over
-# the first steps, and children read unsteadily without it (docs/probe-rules.md, "api.PREWARM_STEPS").
+# the first steps, and children read unsteadily without it (docs/probe-rules.md, "fresh_workers.PREWARM_STEPS").
 PREWARM_STEPS = 5
 
 
@@ -40,7 +40,7 @@ def prewarm_of(batch: int, start_batch: int, capped: bool, *, new_process: bool,
     None under an address-space cap, and none for a new process with one inter-op thread: each then
     runs what the training (and the benchmark's truth) runs, the step traced at batch 1 and then the
     batch, where a prewarm moved the edge or lifted the reading by one allocator region
-    (docs/probe-rules.md, "api.prewarm_of"). Fork-server children keep it.
+    (docs/probe-rules.md, "fresh_workers.prewarm_of"). Fork-server children keep it.
     """
     if capped:
         return None, 0
@@ -51,7 +51,7 @@ def prewarm_of(batch: int, start_batch: int, capped: bool, *, new_process: bool,
 
 # A repeat (a batch a fresh worker already read, read again in a new process) stands for training,
 # and a process's peak can jump as late as step 7, after the settle rule stops waiting: so a repeat
-# runs this many timed steps, within --trial-seconds (docs/probe-rules.md, "api.REPEAT_STEPS").
+# runs this many timed steps, within --trial-seconds (docs/probe-rules.md, "fresh_workers.REPEAT_STEPS").
 REPEAT_STEPS = MAX_STEPS_PER_TRIAL
 
 

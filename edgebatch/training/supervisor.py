@@ -59,11 +59,9 @@ def supervise(
        the command runs again and `edgebatch.fit(..., checkpointing=Checkpointing(dir=...))` resumes from the last
        checkpoint, its governor told the size that was running; any other end is final.
 
-    What is re-run after a kill: every update since the last checkpoint (the checkpoint frequency
-    is the resume granularity); updates applied before it are never applied again, and the ones
-    after it died with the process. The child runs in its own session so that a terminal's Ctrl-C
-    reaches it once, through the supervisor (it keeps the terminal's stdout and stderr; reading the
-    terminal fails); a supervisor that is itself SIGKILLed leaves the child running.
+    After a kill, the updates since the last checkpoint run again; none before it does. The child
+    has its own session, so a terminal's Ctrl-C reaches it once, through the supervisor; a
+    supervisor that is itself SIGKILLed leaves it running (docs/training-design.md, "Supervisor").
 
     Args:
         argv: the command and its arguments (no shell).

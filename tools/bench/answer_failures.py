@@ -71,7 +71,7 @@ def safe_batch_of_run(run: dict) -> int | None:
 
 
 def profile_safe_batch(trials, fit_budget_bytes: int, found: int) -> int | None:
-    """api._build_profile's safe_batch of these trials: summary.safe_batch_of at the default
+    """build_profile.build_profile's safe_batch of these trials: summary.safe_batch_of at the default
     headroom, multiple 1, with the trials' own memory model."""
     from edgebatch.probing import api, summary
 

@@ -1,7 +1,7 @@
 """Section 1: probe accuracy and cost, slow_start against the peers' finders on the same trial runner.
 
 Every method runs through edgebatch's own runner (a scout worker, fresh workers whenever the search
-steps down, api._search's loop); only `SearchConfig.strategy` differs, so the comparison is between
+steps down, run_search.run_search's loop); only `SearchConfig.strategy` differs, so the comparison is between
 decisions, not implementations. Methods are interleaved within each repeat so that the machine's
 noise falls on all of them alike, and each repeat's trials and seconds are divided by binsearch's of
 the same repeat. The truth comes afterwards from fresh processes (probe_truth.py).
@@ -99,7 +99,7 @@ FULL_SCENARIOS = QUICK_SCENARIOS + (
 )
 
 class _CountingList(list):
-    """The probe's worker list, counting every worker put in (api._worker_for also takes closed ones out)."""
+    """The probe's worker list, counting every worker put in (fresh_workers.worker_for also takes closed ones out)."""
 
     appended = 0
 
@@ -143,12 +143,12 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
             baseline_bytes=baseline, bump_edge_fraction=margins.bump_edge_fraction(setup.inter_op_threads),
         )
         # Fresh workers as `edgebatch probe` starts them: forked from a fork server where the device
-        # has room for one beside the budget (api._FreshWorkers), else new processes. Every method
+        # has room for one beside the budget (fresh_workers.FreshWorkers), else new processes. Every method
         # gets the same runner.
         fork = fresh_workers.FreshWorkers("CPU:0", budget, lambda line: None)
         trials, final = run_search.run_search(config, setup, workers, "process_peak", lambda line: None, fork)
         found = final.max_batch
-        # The batch the profile would give training (the governor's ceiling): api._build_profile's
+        # The batch the profile would give training (the governor's ceiling): build_profile.build_profile's
         # reading of the same trials, at the default headroom, multiple 1.
         if found:
             safe = profile_safe_batch(trials, config.budget_bytes, found)

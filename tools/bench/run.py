@@ -44,7 +44,7 @@ NOTES = [
     "## How these numbers are made",
     "",
     "- Probe: every method runs on edgebatch's own trial runner (a scout worker process, a fresh worker whenever "
-    "the search steps down, `api._search`); only `SearchConfig.strategy` differs (`edgebatch/probing/baselines.py` "
+    "the search steps down, `run_search.run_search`); only `SearchConfig.strategy` differs (`edgebatch/probing/baselines.py` "
     "holds the peers' finders: Accelerate's shrink-on-OOM from 128 by x0.9 and x0.5, never growing; a DeepSpeed-style "
     "one-shot estimate from a batch-1 step over the worker's baseline memory, checking 0.95/1.0/1.05 x). "
     "'trials' counts trials that ran; 'failed' those that ran out of memory, died or measured over the budget; "
