@@ -48,13 +48,11 @@ def supervise(
 ) -> SupervisorReport:
     """Run `argv` (e.g. `["python", "train.py"]`) as a child; restart it when a crash signal kills it.
 
-    1. Delete the running-micro-batch record in `checkpoint_dir` (hard_failure.py), so whatever is
-       there afterwards was written by this child.
+    1. Delete the running-micro-batch record in `checkpoint_dir` (hard_failure.py).
     2. Start the command as a child in its own session (process group), with
        `EDGEBATCH_HARD_FAILURE_MICRO_BATCH` set to the size the previous child was running when it
        died (not set for the first child).
-    3. Wait; SIGINT/SIGTERM/SIGHUP sent to the supervisor are forwarded to the child, which then is
-       not restarted.
+    3. Wait; SIGINT/SIGTERM/SIGHUP to the supervisor go to the child, which is then not restarted.
     4. A death by SIGKILL, SIGABRT, SIGSEGV or SIGBUS is restarted (at most `max_restarts` times):
        the command runs again and `edgebatch.fit(..., checkpointing=Checkpointing(dir=...))` resumes from the last
        checkpoint, its governor told the size that was running; any other end is final.
