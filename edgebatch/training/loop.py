@@ -18,6 +18,7 @@ from typing import Any, Callable
 from edgebatch.errors import UsageError
 from edgebatch.governor import Governor, GovernorConfig, PressureReader
 from edgebatch.training.data import prepare_dataset, refuse_unreplayable_order
+from edgebatch.training.fit_sequences import check_sequences
 from edgebatch.training.governed_loop import _GovernedLoop
 from edgebatch.training.injection import injected_oom_plan
 from edgebatch.training.loop_parts import Control, Schedule, Trainee
@@ -103,46 +104,104 @@ def fit(
         >>> len(report.updates), report.examples_seen
         (4, 64)
     """
-    checkpointing, sequences, logs = _check_records(*moved_keywords(moved, checkpointing, sequences, logs))
-    effective_batch = _effective_batch(effective_batch, governor)
-    _check_arguments(effective_batch, epochs, max_updates, on_update, batch_norm, checkpointing)
-    loss, optimizer = _compiled_defaults(model, loss, optimizer)
-    strategy = mirrored_strategy_of(model, optimizer)
+    return _run(_planned(_FitArguments(**locals())))  # first statement: locals() is exactly fit's arguments
+
+
+@dataclasses.dataclass(frozen=True)
+class _FitArguments:
+    """fit's arguments as given (fit's docstring says what each is)."""
+
+    model: Any
+    dataset: Any
+    loss: Any
+    optimizer: Any
+    effective_batch: int | None
+    governor: Governor | None
+    epochs: int
+    max_updates: int | None
+    callbacks: Any
+    on_update: Callable[[UpdateRecord], None] | None
+    pressure_reader: PressureReader | None
+    batch_norm: str
+    adapt: Any
+    worker_shares: Any
+    checkpointing: Checkpointing | None
+    sequences: Sequences | None
+    logs: Logs | None
+    moved: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class _FitPlan:
+    """What fit checked and resolved before training: the loop is built from this."""
+
+    given: _FitArguments
+    effective_batch: int
+    loss: Any
+    optimizer: Any
+    strategy: Any
+    replicas: int
+    multi_worker: bool
+    dataset: Any
+    element_spec: Any
+    unbatched: bool
+    governor: Governor
+    checkpointing: Checkpointing | None
+    sequences: Sequences
+    logs: Logs
+    normalizers: list[str]
+
+
+def _planned(given: _FitArguments) -> _FitPlan:
+    """Check fit's arguments where they enter and resolve the defaults (UsageError on bad input)."""
+    checkpointing, sequences, logs = _check_records(
+        *moved_keywords(given.moved, given.checkpointing, given.sequences, given.logs, calls_below_fit=1))
+    effective_batch = _effective_batch(given.effective_batch, given.governor)
+    _check_arguments(effective_batch, given.epochs, given.max_updates, given.on_update, given.batch_norm, checkpointing)
+    loss, optimizer = _compiled_defaults(given.model, given.loss, given.optimizer)
+    strategy = mirrored_strategy_of(given.model, optimizer)
     replicas = 1 if strategy is None else int(strategy.num_replicas_in_sync)
     multi_worker = strategy is not None and is_multi_worker(strategy)
-    _check_multi_worker(multi_worker, worker_shares, checkpointing)
-    dataset, element_spec, unbatched = prepare_dataset(dataset, model)
-    sequences = _check_sequences(sequences, effective_batch, element_spec, adapt, strategy)
+    _check_multi_worker(multi_worker, given.worker_shares, checkpointing)
+    dataset, element_spec, unbatched = prepare_dataset(given.dataset, given.model)
+    sequences = check_sequences(sequences, effective_batch, element_spec, given.adapt, strategy)
     if checkpointing is not None:
         refuse_unreplayable_order(dataset)
-    normalizers = _check_batch_norm(model, batch_norm)
-    governor = _governor_for(governor, effective_batch, replicas, multi_worker, adapt, sequences)
-    if adapt is not None:
+    normalizers = _check_batch_norm(given.model, given.batch_norm)
+    governor = _governor_for(given.governor, effective_batch, replicas, multi_worker, given.adapt, sequences)
+    if given.adapt is not None:
         from edgebatch.training.adaptive import check_adapt  # numpy: imported only when asked
 
-        check_adapt(adapt, governor.config, replicas, batch_norm)
-    refuse_unsupported_precision(model, optimizer, strategy)
+        check_adapt(given.adapt, governor.config, replicas, given.batch_norm)
+    refuse_unsupported_precision(given.model, optimizer, strategy)
     injected_oom_plan()  # a malformed EDGEBATCH_INJECT_OOM fails now, before any work
-    # Under a strategy everything from here runs in its scope: optimizer slots, accumulators and
-    # restored variables are then the strategy's (mirrored) ones.
-    with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        _build_optimizer(optimizer, model.trainable_variables)
+    return _FitPlan(given, effective_batch, loss, optimizer, strategy, replicas, multi_worker, dataset, element_spec,
+                    unbatched, governor, checkpointing, sequences, logs, normalizers)
+
+
+def _run(plan: _FitPlan) -> FitReport:
+    """Build the loop for `plan` and train. Under a strategy everything runs in its scope: optimizer
+    slots, accumulators and restored variables are then the strategy's (mirrored) ones."""
+    given = plan.given
+    with plan.strategy.scope() if plan.strategy is not None else contextlib.nullcontext():
+        _build_optimizer(plan.optimizer, given.model.trainable_variables)
         loop_class, extra = _GovernedLoop, {}
-        if multi_worker:
+        if plan.multi_worker:
             from edgebatch.training.worker_loop import WorkerLoop
             from edgebatch.training.workers import WorkerGroup
 
-            loop_class, extra = WorkerLoop, {"workers": WorkerGroup(strategy, worker_shares)}
+            loop_class, extra = WorkerLoop, {"workers": WorkerGroup(plan.strategy, given.worker_shares)}
         loop = loop_class(
             **extra,
-            trainee=Trainee(model, dataset, element_spec, loss, optimizer, strategy),
-            schedule=Schedule(epochs, RunLog(logs.log_dir, logs.decision_log), max_updates, on_update,
-                              _callback_list(model, callbacks, epochs)),
-            control=Control(governor, pressure_reader, fixed_micro_batch=batch_norm == "fixed_micro_batch",
-                            adaptive=None if adapt is None else _adaptive_batch(adapt, effective_batch)),
-            checkpointing=checkpointing, sequences=sequences,
+            trainee=Trainee(given.model, plan.dataset, plan.element_spec, plan.loss, plan.optimizer, plan.strategy),
+            schedule=Schedule(given.epochs, RunLog(plan.logs.log_dir, plan.logs.decision_log), given.max_updates,
+                              given.on_update, _callback_list(given.model, given.callbacks, given.epochs)),
+            control=Control(plan.governor, given.pressure_reader,
+                            fixed_micro_batch=given.batch_norm == "fixed_micro_batch",
+                            adaptive=None if given.adapt is None else _adaptive_batch(given.adapt, plan.effective_batch)),
+            checkpointing=plan.checkpointing, sequences=plan.sequences,
         )
-        _fill_report(loop.report, model, normalizers, batch_norm, unbatched, replicas)
+        _fill_report(loop.report, given.model, plan.normalizers, given.batch_norm, plan.unbatched, plan.replicas)
         return loop.run()
 
 
@@ -216,79 +275,6 @@ def _governor_for(governor: Governor | None, effective_batch: int, replicas: int
     if problem is not None:
         raise UsageError(problem)
     return governor
-
-
-def _refuse_unless_variable_length(option: str, element_spec: Any, strategy: Any, instead: str, *,
-                                   adapt: Any = None) -> None:
-    """UsageError when `option` meets fixed-length examples, a strategy, or `adapt` where the caller
-    passes it (the options not supported with it yet)."""
-    import tensorflow as tf
-
-    from edgebatch.training.sequences import is_variable
-
-    if not any(is_variable(leaf) for leaf in tf.nest.flatten(element_spec[0])):
-        raise UsageError(f"{option} applies to examples of variable length (an input of shape (None,)); "
-                         f"these examples have fixed shapes: {instead}")
-    if adapt is not None or strategy is not None:
-        which = "adapt" if adapt is not None else "a tf.distribute strategy"
-        raise UsageError(f"{option} cannot be combined with {which} yet: {instead}")
-
-
-def _check_sequences(sequences: Sequences, effective_batch: int, element_spec: Any, adapt: Any,
-                     strategy: Any) -> Sequences:
-    """`sequences` with its length_ceilings as a LengthCeilings; UsageError where a field cannot apply."""
-    ceilings = _check_length_ceilings(sequences.length_ceilings, element_spec, strategy)
-    _check_batch_unit(sequences.batch_unit, element_spec, adapt, strategy)
-    _check_length_window(sequences.length_window_examples, effective_batch, sequences.batch_unit, element_spec,
-                         adapt, strategy)
-    return dataclasses.replace(sequences, length_ceilings=ceilings)
-
-
-def _check_length_ceilings(length_ceilings: Any, element_spec: Any, strategy: Any) -> Any:
-    """fit's `length_ceilings` as a LengthCeilings (None stays None); UsageError where it cannot apply
-    (fixed-length examples, a strategy; adapt is fine)."""
-    if length_ceilings is None:
-        return None
-    from edgebatch.training.length_ceilings import LengthCeilings
-
-    if isinstance(length_ceilings, dict):
-        length_ceilings = LengthCeilings.from_mapping(length_ceilings)
-    elif not isinstance(length_ceilings, LengthCeilings):
-        if not hasattr(length_ceilings, "per_length"):
-            raise UsageError(
-                f"length_ceilings must be a LengthCeilings, a DeviceProfile of a probe per length, or "
-                f"{{tokens: ceiling}}, got {type(length_ceilings).__name__}"
-            )
-        length_ceilings = LengthCeilings.from_profile(length_ceilings)
-    _refuse_unless_variable_length("length_ceilings", element_spec, strategy, "leave length_ceilings out")
-    return length_ceilings
-
-
-BATCH_UNITS = ("examples", "tokens")
-
-
-def _check_batch_unit(batch_unit: Any, element_spec: Any, adapt: Any, strategy: Any) -> None:
-    """UsageError for a batch_unit fit cannot count in (module docstring of sequences.py)."""
-    if batch_unit not in BATCH_UNITS:
-        raise UsageError(f"batch_unit must be one of {', '.join(BATCH_UNITS)}, got {batch_unit!r}")
-    if batch_unit == "tokens":
-        _refuse_unless_variable_length("batch_unit='tokens'", element_spec, strategy, "count in examples", adapt=adapt)
-
-
-def _check_length_window(window: Any, effective_batch: int, batch_unit: str, element_spec: Any, adapt: Any,
-                         strategy: Any) -> None:
-    """UsageError for a length_window_examples fit cannot use (length_window.py)."""
-    if window is None:
-        return
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise UsageError(f"length_window_examples must be an integer >= 1 (examples per window), got {window!r}")
-    _refuse_unless_variable_length("length_window_examples", element_spec, strategy,
-                                   "leave length_window_examples out", adapt=adapt)
-    if batch_unit == "examples" and window % effective_batch:
-        raise UsageError(
-            f"length_window_examples {window} is not a multiple of effective_batch {effective_batch}: a window is cut "
-            f"into whole updates, e.g. length_window_examples={effective_batch * max(2, window // effective_batch)}"
-        )
 
 
 def _adaptive_batch(adapt: Any, effective_batch: int) -> Any:

@@ -75,10 +75,12 @@ _RECORDS = {"checkpointing": Checkpointing, "sequences": Sequences, "logs": Logs
 _warned: set[str] = set()
 
 
-def moved_keywords(old: dict[str, Any], checkpointing: Any, sequences: Any, logs: Any) -> tuple[Any, Any, Any]:
+def moved_keywords(old: dict[str, Any], checkpointing: Any, sequences: Any, logs: Any,
+                   calls_below_fit: int = 0) -> tuple[Any, Any, Any]:
     """(checkpointing, sequences, logs) with fit's old keywords in `old` moved into them.
 
-    Each old keyword warns once per process (DeprecationWarning, at fit's caller). TypeError for a
+    Each old keyword warns once per process (DeprecationWarning, at fit's caller: `calls_below_fit`
+    says how many calls lie between fit and this one). TypeError for a
     keyword fit never took (as Python raises it); UsageError for a record given both ways, and for
     checkpoint_every_updates without a checkpoint_dir. max_checkpoints_to_keep without a
     checkpoint_dir is ignored, as it was.
@@ -95,7 +97,7 @@ def moved_keywords(old: dict[str, Any], checkpointing: Any, sequences: Any, logs
             _warned.add(name)
             warnings.warn(
                 f"fit's {name}= is deprecated: pass {record}={_RECORDS[record].__name__}({field}=...) "
-                "(edgebatch.training.options)", DeprecationWarning, stacklevel=3,
+                "(edgebatch.training.options)", DeprecationWarning, stacklevel=3 + calls_below_fit,
             )
         fields.setdefault(record, {})[field] = value
     for record, given in fields.items():
