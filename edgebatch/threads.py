@@ -44,8 +44,14 @@ def checked_inter_op_threads(threads: object, name: str = "inter-op threads") ->
 def set_inter_op_threads(threads: int = 1) -> None:
     """Run TensorFlow's independent ops on `threads` inter-op threads (0: TensorFlow's own pool).
 
-    Call it before TensorFlow runs anything in this process. Raises UsageError when TensorFlow has
-    already started with another setting.
+    Call it before TensorFlow runs anything in this process, so training runs as the probe's
+    workers measured (their default is one thread).
+
+    Args:
+        threads: inter-op threads, >= 0 (0: TensorFlow's own pool, one per core).
+
+    Raises:
+        UsageError: a bad `threads`, or TensorFlow already started with another setting.
     """
     threads = checked_inter_op_threads(threads)
     import tensorflow as tf

@@ -45,6 +45,21 @@ def cached_profile(
     A model with a variable sequence axis was probed per length: `seq_lens` are those lengths
     (default for transformer_tiny and lstm_small, by name or as built by the zoo: the probe's
     default ladder); for any other such model without `seq_lens` this is a UsageError.
+
+    Args:
+        model: a Keras model object, or what `edgebatch probe` takes (a name, FILE.py:FUNCTION, .keras).
+        device: "CPU:0" or "GPU:N"; default: GPU:0 where NVML sees one, else CPU:0.
+        precision, optimizer, optimize: the probe's settings of those names.
+        profiles_dir: where to look (default $EDGEBATCH_PROFILES or ./device_profiles).
+        seq_lens: the lengths a per-length probe used ("64,128,256" or ints).
+
+    Returns:
+        The cached DeviceProfile at its own budget, or None when none is cached.
+
+    Raises:
+        UsageError: an unknown precision, optimizer or optimize, or a variable-length model
+            without `seq_lens`.
+        ProfileError: the cached file is unreadable or invalid.
     """
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")

@@ -92,6 +92,17 @@ def save_profile(
     temporary file. A write killed outright (SIGKILL, power loss) cannot clean up: it leaves the
     old file and at most a `.<name>.<host>.<pid>.<random>.tmp`, which listings ignore and the next
     save into that directory from the same host removes once that pid is gone.
+
+    Args:
+        profile: the DeviceProfile to write.
+        profiles_dir: a local folder or an fsspec URL (None: resolve_profiles_dir()).
+        lock_timeout_seconds: how long to wait for another writer's lock on a local file.
+
+    Returns:
+        Where it was written (a ProfileLocation: a path or a URL).
+
+    Raises:
+        ProfileError: the profile fails validation, the lock is not had in time, or the write fails.
     """
     data = profile.to_dict()
     directory = resolve_profiles_dir(profiles_dir)
@@ -145,9 +156,17 @@ def load_profile(
 ) -> DeviceProfile:
     """Load a profile: from a file path or URL, or by (device_fingerprint, model_key) from a directory.
 
-    With both keywords, `path_or_dir` is the directory or directory URL (None: resolve_profiles_dir()).
-    Without them, it must be a profile file or file URL. A missing, unreadable, non-JSON or invalid
-    file is a ProfileError; an unreachable URL too.
+    Args:
+        path_or_dir: a profile file or URL; with both keywords, the directory or directory URL
+            (None: resolve_profiles_dir()).
+        device_fingerprint: the device part of the file name (DeviceFacts.fingerprint).
+        model_key: the model part of the file name (profiles.model_key).
+
+    Returns:
+        The DeviceProfile, validated against the schema (older schema versions still load).
+
+    Raises:
+        ProfileError: a missing, unreadable, non-JSON or invalid file, or an unreachable URL.
     """
     if device_fingerprint is None and model_key is None:
         if path_or_dir is None:

@@ -83,7 +83,17 @@ def next_injected_oom() -> str | None:
 @contextlib.contextmanager
 def inject_oom(indices: Iterable[int]) -> Iterator[frozenset[int]]:
     """Within the block, the micro-batch executions numbered `indices` (1-based, counted from the
-    block's start) fail with an injected ResourceExhaustedError. Blocks may nest."""
+    block's start) fail with an injected ResourceExhaustedError. Blocks may nest.
+
+    Args:
+        indices: micro-batch executions to fail, e.g. [2, 5, 6].
+
+    Yields:
+        The set of numbers it injects.
+
+    Raises:
+        UsageError: `indices` is not a collection of integers >= 1.
+    """
     if isinstance(indices, (str, bytes)):
         raise UsageError(f"inject_oom takes micro-batch numbers like [2, 5, 6], got {indices!r}")
     try:
