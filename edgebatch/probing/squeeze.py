@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from edgebatch.probing.summary import DEVICE_FAILURES
 from edgebatch.profiles.model import Trial
 from edgebatch.units import format_bytes
 
 # A room this far under the budget counts as squeezed: less is the drift of a default budget (the
 # RAM available when the probe started) while the machine does its ordinary work.
 SQUEEZE_FRACTION = 0.05
-# Failures that are the device's memory running out rather than a reading over the budget.
-DEVICE_FAILURES = ("oom", "worker_killed", "swapped")
 
 
 @dataclass(frozen=True)
