@@ -155,3 +155,27 @@ def test_niceness_is_set_on_every_thread_and_a_gone_process_is_no_error():
         child.kill()
         child.wait()
     assert spares.set_niceness(child.pid, 0) is False
+
+
+@pytest.mark.parametrize(("setting", "room", "started", "said"), [
+    (None, 24 * GIB, False, None),  # off by default: nothing starts and nothing is said
+    ("1", 24 * GIB, True, "2 new-process worker(s) will be started ahead"),
+    ("1", 2 * GIB, False, "no workers started ahead (2.00 GiB of room for a 1.00 GiB budget)"),
+])
+def test_the_probe_starts_spares_only_when_asked_and_where_they_fit(monkeypatch, setting, room, started, said):
+    from edgebatch.probing import fresh_workers
+
+    if setting is None:
+        monkeypatch.delenv(spares.ENV_ENABLE, raising=False)
+    else:
+        monkeypatch.setenv(spares.ENV_ENABLE, setting)
+    lines = []
+    fresh = fresh_workers.FreshWorkers.__new__(fresh_workers.FreshWorkers)
+    fresh.server, fresh.spares, fresh._progress = None, None, lines.append
+    fresh._room_bytes, fresh._budget_bytes = room, GIB
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    fresh.start_spares(SETUP, BASELINE)
+    assert (fresh.spares is not None) == started
+    assert (lines == []) if said is None else (len(lines) == 1 and said in lines[0])
+    if fresh.spares is not None:
+        assert fresh.spares.idle == [], "none is spawned before the search reads fresh"

@@ -1,6 +1,6 @@
 """Workers started ahead (EDGEBATCH_SPARES=1), in a real probe (tiny MLP, real TensorFlow
 workers): they read the answer's repeats, and none outlives the probe, ended or interrupted.
-Without the setting none starts."""
+Without the setting none starts: tests/test_probe_spares.py."""
 
 import os
 import time
@@ -77,13 +77,3 @@ def test_an_interrupt_while_spares_wait_leaves_no_worker(tmp_path, monkeypatch):
     assert len(spares_seen) == 2, f"two spares were waiting: {alive_at_interrupt}"
     assert _workers_left() == [], "a worker started ahead outlived the probe"
     assert list(tmp_path.iterdir()) == [], "an interrupted probe writes nothing"
-
-
-def test_without_the_setting_no_worker_is_started_ahead(tmp_path, monkeypatch):
-    from edgebatch import probe
-
-    monkeypatch.delenv("EDGEBATCH_SPARES", raising=False)
-    lines = []
-    probe("mlp", device="CPU:0", memory_budget="1GiB", max_batch_limit=16, profiles_dir=tmp_path,
-          progress=lines.append, answer_readings=2)
-    assert not any("ahead" in line for line in lines), lines
