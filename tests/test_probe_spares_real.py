@@ -3,6 +3,7 @@ workers): they read the answer's repeats, and none outlives the probe, ended or 
 Without the setting none starts: tests/test_probe_spares.py."""
 
 import os
+import re
 import time
 
 import psutil
@@ -59,10 +60,12 @@ def test_an_interrupt_while_spares_wait_leaves_no_worker(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEBATCH_SPARES", "1")
     _need_room()
 
-    fresh_lines, alive_at_interrupt = [], []
+    fresh_lines, announced, no_room, alive_at_interrupt = [], [], [], []
 
     def interrupt_after_the_first_fresh_step(line):
         # The scout's first trial is fresh too; the second fresh line ends a step that started the spares.
+        no_room.extend([line] if "no workers started ahead" in line else [])
+        announced.extend(re.findall(r"(\d+) new-process worker\(s\) will be started ahead", line))
         if "(fresh worker" in line:
             fresh_lines.append(line)
         if len(fresh_lines) == 2:
@@ -72,8 +75,13 @@ def test_an_interrupt_while_spares_wait_leaves_no_worker(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         probe("mlp", device="CPU:0", memory_budget="1GiB", max_batch_limit=64, profiles_dir=tmp_path,
               progress=interrupt_after_the_first_fresh_step, save=True)
-    # The step's own worker was a fork-server child (its command line is the server's); the spares are new processes.
-    spares_seen = [cmdline for cmdline in alive_at_interrupt if "edgebatch.probing.worker" in cmdline]
-    assert len(spares_seen) == 2, f"two spares were waiting: {alive_at_interrupt}"
-    assert _workers_left() == [], "a worker started ahead outlived the probe"
+    # How many spares fit depends on the room at that moment (one, not two, on a busy host); the
+    # probe says the count it chose. The step's own worker was a fork-server child (its command
+    # line is the server's); the spares are new processes.
+    assert _workers_left() == [], "a worker outlived the probe"
     assert list(tmp_path.iterdir()) == [], "an interrupted probe writes nothing"
+    if no_room:
+        pytest.skip(f"the room had shrunk by the time the probe started: {no_room[0]}")
+    assert len(announced) == 1 and int(announced[0]) >= 1, announced
+    spares_seen = [cmdline for cmdline in alive_at_interrupt if "edgebatch.probing.worker" in cmdline]
+    assert len(spares_seen) == int(announced[0]), f"{announced[0]} spare(s) were waiting: {alive_at_interrupt}"
