@@ -372,7 +372,7 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
     """A children-only bump is read again by one new process, the answer's missing repeats by
     several side by side (search.Run.readings); counted where run_search starts workers."""
     from edgebatch.probing import fresh_workers, run_search
-    from edgebatch.probing.search import Done, Run, SearchConfig
+    from edgebatch.probing.search import Done, Finder, Run, SearchConfig
     from edgebatch.probing.worker import WorkerSetup
 
     class StandIn(StandInWorker):
@@ -408,10 +408,11 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
     script = iter([Run(300, fresh=True), Run(300, fresh=True, readings=1), Run(300, fresh=True, readings=2),
                    Done(300)])
     start_stand_ins(monkeypatch, start_worker)
-    monkeypatch.setattr(run_search, "next_step", lambda config, outcomes: next(script))
+    # The search's steps are the script's, given as run_search's finder.
+    scripted = Finder(name="scripted", next_step=lambda config, outcomes: next(script), checks_answer=True)
     config = SearchConfig(budget_bytes=1280 * 2**20)
     trials, done = run_search.run_search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak",
-                                         lambda line: None, fork=Fork())
+                                         lambda line: None, fork=Fork(), finder=scripted)
     assert done == Done(300)
     # A child first, then one new process for readings=1, then two side by side for readings=2.
     assert started == ["a fork server", None, None, None]
@@ -425,7 +426,7 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
     script = iter([Run(300, fresh=True), Run(300, fresh=True, readings=5), Run(300, fresh=True, readings=3),
                    Run(300, fresh=True, readings=1), Done(300)])
     trials, done = run_search.run_search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak",
-                                         lines.append, fork=Fork())
+                                         lines.append, fork=Fork(), finder=scripted)
     assert started == ["a fork server"] + [None] * 5
     assert sum("2 side by side" in line for line in lines) == 4, lines
 
@@ -440,7 +441,8 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
         steps.clear()
         lines = []
         script = iter([Run(300, fresh=True, new_process=True), Done(300)])
-        run_search.run_search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lines.append, fork=fork)
+        run_search.run_search(config, WorkerSetup(model_spec="small_cnn"), [], "process_peak", lines.append, fork=fork,
+                              finder=scripted)
         trial_lines = [line for line in lines if line.lstrip().startswith("batch ")]
         assert started == [None] and steps == [wanted_steps] and trial_lines[-1].endswith(note), (steps, lines)
         assert lines[-1].startswith("    1 trial, ")  # the time line follows every step

@@ -1,14 +1,25 @@
-"""The search strategy driven by scripted outcomes: no TensorFlow, milliseconds per test."""
+"""The probe's search driven by scripted outcomes: no TensorFlow, milliseconds per test.
+
+The peers' finders it is compared with here are the benchmark's (tools/bench/finders.py; their own
+tests: tests/test_bench_finders.py).
+"""
 
 import dataclasses
 import math
+import sys
+from pathlib import Path
 
 import pytest
+from search_simulation import linear, piecewise, runs, simulate, true_ceiling
 
 from edgebatch.errors import UsageError
 from edgebatch.probing.memory_fit import fit_memory_model
 from edgebatch.probing.outcomes import BAND_READINGS_FACTOR, OOM_TRANSIENT_RATIO, SPREAD_NOISE_FRACTION, answer_readings_wanted, child_level_excess, edge_of, effective_budget_bytes, levels_seen, lowest_fresh_readings, oom_band_seen, peak_spread_fraction, steady_lift_bytes
-from edgebatch.probing.search import ANSWER_READINGS, BUMP_CONFIRMATIONS, BUMP_EDGE_FRACTION, CHILD_LIFT_FRACTION, Done, Outcome, Run, SearchConfig, Skip, next_step, usable_model
+from edgebatch.probing.search import ANSWER_READINGS, BUMP_CONFIRMATIONS, BUMP_EDGE_FRACTION, CHILD_LIFT_FRACTION, SLOW_START, Done, Outcome, Run, SearchConfig, Skip, next_step, usable_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "bench"))
+
+import finders  # noqa: E402
 
 MIB = 1024**2
 
@@ -16,48 +27,6 @@ MIB = 1024**2
 # Fresh trials the search adds at its answer (search._repeat_answer); against a peak function every
 # repeat reads the same, so they cost trials and change nothing.
 REPEATS = ANSWER_READINGS - 1
-
-
-def simulate(config, peak_of, crash_above=None, limit=100, lift_fraction=0.0, fails_once=(), outcomes=None):
-    """Drive the search to Done against a device whose peak at batch b is peak_of(b).
-
-    crash_above: batches above it raise a real OOM (ran=False) instead of reporting a peak.
-    lift_fraction: a reused worker reads (1 + lift_fraction) x what the batch adds over batch 1
-    (memory kept from earlier trials); a fresh trial, or the very first, reads the true peak.
-    fails_once: batches whose first trial dies (a transient: the worker killed once).
-    outcomes: a list to record every outcome in (the caller reads them afterwards).
-    Returns (answer, list of steps taken).
-    """
-    outcomes = [] if outcomes is None else outcomes
-    steps = []
-    for _ in range(limit):
-        step = next_step(config, outcomes)
-        steps.append(step)
-        if isinstance(step, Done):
-            return step.max_batch, steps
-        fresh = step.fresh if isinstance(step, Run) else False
-        if isinstance(step, Skip):
-            outcomes.append(Outcome(step.batch, ran=False, peak_bytes=step.predicted_peak_bytes, measured=False))
-        elif step.batch in fails_once and not any(o.batch == step.batch and o.measured for o in outcomes):
-            outcomes.append(Outcome(step.batch, ran=False, fresh=fresh))
-        elif crash_above is not None and step.batch > crash_above:
-            outcomes.append(Outcome(step.batch, ran=False, fresh=fresh))
-        else:
-            lift = 0 if fresh or not outcomes else lift_fraction * (peak_of(step.batch) - peak_of(1))
-            outcomes.append(Outcome(step.batch, ran=True, peak_bytes=int(peak_of(step.batch) + lift), fresh=fresh))
-    raise AssertionError(f"search did not finish in {limit} steps: {steps}")
-
-
-def linear(fixed_mib, per_sample_mib):
-    return lambda batch: (fixed_mib + per_sample_mib * batch) * MIB
-
-
-def true_ceiling(peak_of, budget, upper=100_000):
-    return max(b for b in range(1, upper) if peak_of(b) <= budget) if peak_of(1) <= budget else 0
-
-
-def runs(steps):
-    return [s.batch for s in steps if isinstance(s, Run)]
 
 
 def test_first_step_is_the_start_batch_rounded_up_to_the_multiple():
@@ -105,7 +74,8 @@ def test_slow_start_runs_fewer_trials_than_plain_doubling_and_bisection():
     peak = linear(850, 11.6)
     budget = 23000 * MIB
     slow, slow_steps = simulate(SearchConfig(budget_bytes=budget, max_batch_limit=4096), peak)
-    plain, plain_steps = simulate(SearchConfig(budget_bytes=budget, max_batch_limit=4096, strategy="binsearch"), peak)
+    plain, plain_steps = simulate(SearchConfig(budget_bytes=budget, max_batch_limit=4096), peak,
+                                  decide=finders.binsearch_step)
     print(f"slow_start: {len(runs(slow_steps))} trials -> {slow}; binsearch: {len(runs(plain_steps))} trials -> {plain}")
     assert len(runs(slow_steps)) < len(runs(plain_steps))
     assert slow >= plain * (1 - 0.02)
@@ -153,16 +123,6 @@ def test_fresh_readings_below_the_line_turn_it_down_and_never_up():
     assert lower.predict_bytes(210) == pytest.approx((130 + 3 * 210) * MIB)
     assert lower.fixed_bytes == plain.fixed_bytes
     assert higher == plain
-
-
-def piecewise(points_gib):
-    """Peak at batch b interpolated between measured (batch, GiB) readings."""
-    def peak(batch):
-        for (b0, p0), (b1, p1) in zip(points_gib, points_gib[1:]):
-            if b0 <= batch <= b1:
-                return (p0 + (p1 - p0) * (batch - b0) / (b1 - b0)) * 1024**3
-        raise ValueError(batch)
-    return peak
 
 
 # MobileNetV2 96px, fresh processes on the 2-core, 24 GiB machine (device_profiles/, 2026-12-02):
@@ -248,12 +208,6 @@ def test_max_batch_caps_the_search():
     assert max(runs(steps)) == 100
 
 
-def test_power_keeps_the_last_success_of_plain_doubling():
-    answer, steps = simulate(SearchConfig(budget_bytes=1000 * MIB, strategy="power"), linear(100, 5))
-    assert runs(steps) == [8, 16, 32, 64, 128, 256]
-    assert answer == 128
-
-
 def test_noisy_boundary_never_answers_a_batch_that_failed():
     # Peaks step by +-40 MiB at fine scale (docs/tensorflow-memory.md): a deterministic saw-tooth on a line.
     def peak(b):
@@ -275,7 +229,6 @@ def test_noisy_boundary_never_answers_a_batch_that_failed():
         ({"budget_bytes": 10, "multiple": 0}, "--multiple"),
         ({"budget_bytes": 10, "start_batch": 0}, "--start"),
         ({"budget_bytes": 10, "max_batch_limit": 4, "multiple": 8}, "--max-batch-limit"),
-        ({"budget_bytes": 10, "strategy": "magic"}, "strategy"),
     ],
 )
 def test_bad_configs_name_the_value(kwargs, fragment):
@@ -463,7 +416,7 @@ def test_small_cnn_worker_readings_bump_is_looked_past():
     fits = [b for b in range(1, 600) if peak(b) <= budget]
     truth = max(b for b in fits if peak(b + 1) > budget)
     slow, steps = simulate(SearchConfig(budget_bytes=budget), peak)
-    plain, plain_steps = simulate(SearchConfig(budget_bytes=budget, strategy="binsearch"), peak)
+    plain, plain_steps = simulate(SearchConfig(budget_bytes=budget), peak, decide=finders.binsearch_step)
     print(f"truth {truth}; slow_start {slow} in {runs(steps)}; binsearch {plain} in {len(runs(plain_steps))} trials")
     assert peak(slow) <= budget
     assert 0.97 * truth <= slow <= truth
@@ -837,39 +790,6 @@ def test_the_kept_capped_mlp_run_would_read_its_answer_again_where_it_answered_a
     assert next_step(config, outcomes) == Run(22507, fresh=True, readings=ANSWER_READINGS)
 
 
-def test_a_fit_inside_a_band_does_not_clear_failures_below_it_so_checked_binsearch_moves_on():
-    """Checked binsearch on mlp under a 256 MiB cap (BENCHMARKS.md at a9fb42f) asked for 18944 40
-    times and 20224 100 times, 162 trials in all. A new process fitted 21504 at 1,009.7 MiB and another
-    ran out of memory there; the fit cleared every over-budget reading below it while the OOM bounded
-    the edge, so the midpoint's readings over the lowered budget counted neither way. Its first 26
-    trials as the run recorded them: (batch, peak MiB, worker, ran)."""
-    from edgebatch.probing.margins import fit_budget_bytes
-
-    rows = [(8, 808.3, "new", True), (16, 808.4, "reused", True), (32, 808.6, "reused", True),
-            (64, 809.2, "reused", True), (128, 811.2, "reused", True), (256, 811.5, "reused", True),
-            (512, 812.6, "reused", True), (1024, 820.3, "reused", True), (2048, 828.2, "reused", True),
-            (4096, 849.6, "reused", True), (8192, 886.0, "reused", True), (16384, 978.7, "reused", True),
-            (32768, None, "reused", False), (24576, None, "child", False), (20480, 1026.5, "child", True),
-            (22528, 1076.5, "child", True), (21504, 1037.3, "child", True), (22016, 1060.2, "child", True),
-            (21760, 1039.6, "child", True), (21760, None, "new", False), (21760, 1012.1, "new", True),
-            (21504, 1009.7, "new", True), (21504, None, "new", False), (20992, 1073.5, "child", True),
-            (20992, 1030.7, "child", True), (18944, 1011.4, "child", True)]
-    outcomes = [Outcome(batch, ran=ran, peak_bytes=int(peak * MIB) if peak else 0, fresh=kind != "reused",
-                        forked={"child": True, "new": False}.get(kind)) for batch, peak, kind, ran in rows]
-    config = SearchConfig(budget_bytes=fit_budget_bytes(1114910720, 1), strategy="binsearch_checked",
-                          max_batch_limit=65536)
-    lowered = effective_budget_bytes(outcomes, config.budget_bytes)
-    assert 1010 * MIB < lowered < 1011 * MIB  # 18944 read 1,011.4 MiB: over it
-    assert edge_of(outcomes, lowered).hi == 18944, "the reading over the lowered budget counts"
-    step = next_step(config, outcomes)
-    assert isinstance(step, Run) and 16384 < step.batch < 18944, step
-    # Below the band a fresh fit still clears an over-budget reading of a smaller batch.
-    below = [Outcome(100, ran=True, peak_bytes=1100 * MIB, fresh=True, forked=True),
-             Outcome(120, ran=True, peak_bytes=900 * MIB, fresh=True, forked=False),
-             Outcome(200, ran=False, fresh=True, forked=False)]
-    assert edge_of(below, 1000 * MIB).hi == 200
-
-
 def test_the_probe_says_once_when_it_sees_a_band():
     from edgebatch.probing import run_search
     from edgebatch.profiles.model import Trial
@@ -1008,73 +928,18 @@ def test_the_probe_says_once_that_differing_readings_ask_for_more_readings():
         return Trial(batch=batch, ok=True, error=None, peak_bytes=int(mib * MIB), process_peak_bytes=None,
                      allocator_peak_bytes=None, step_seconds=1.0, samples_per_second=10.0, fresh=True, forked=False)
 
-    for strategy, says in (("slow_start", True), ("binsearch_checked", True), ("binsearch", False)):
-        config = SearchConfig(budget_bytes=2000 * MIB, strategy=strategy)
+    config = SearchConfig(budget_bytes=2000 * MIB)
+    for finder, says in ((SLOW_START, True), (finders.BINSEARCH_CHECKED, True), (finders.BINSEARCH, False)):
+        assert finder.checks_answer is says
         trials, outcomes, lines = [], [], []
         for batch, mib in ((800, 1152.0), (800, 1252.2), (800, 1300.0)):
-            run_search.record_trial(trial(batch, mib), trials, outcomes, config, lines.append, "")
+            run_search.record_trial(trial(batch, mib), trials, outcomes, config, lines.append, "", finder.checks_answer)
         spread_lines = [line for line in lines if "apart" in line]
         assert len(spread_lines) == 2, lines  # the spread widened twice
         wants = [line for line in spread_lines if "fresh readings" in line]
         assert wants == ([spread_lines[0]] if says else []), lines
         if says:
             assert spread_lines[0].endswith(f"and the answer needs {ANSWER_READINGS * BAND_READINGS_FACTOR} fresh readings")
-
-
-def test_checked_binsearch_costs_binsearch_its_answer_readings_and_no_more_on_a_clean_device():
-    """binsearch_checked prices slow_start's answer rule alone: on a device where every reading is
-    the truth, it takes binsearch's trials, then reads the same answer in answer_readings fresh workers."""
-    peak = linear(700, 2.5)
-    budget = 1536 * MIB
-    plain, plain_steps = simulate(SearchConfig(budget_bytes=budget, strategy="binsearch"), peak)
-    checked, checked_steps = simulate(SearchConfig(budget_bytes=budget, strategy="binsearch_checked"), peak)
-    assert checked == plain
-    assert runs(checked_steps) == runs(plain_steps) + [plain] * ANSWER_READINGS
-    assert [s.fresh for s in checked_steps if isinstance(s, Run)][-ANSWER_READINGS:] == [True] * ANSWER_READINGS
-
-
-def test_checked_binsearch_walks_down_where_fresh_processes_fail_what_its_reused_worker_ran():
-    """mlp under a 256 MiB address-space cap (BENCHMARKS.md at ba7149b): binsearch's worker ran 25600,
-    fresh processes failed from 21443. Checked, a fresh failure of the answer counts and the
-    bisection goes on below it; the answer then ran in answer_readings fresh workers."""
-    fresh_limit, reused_limit = 21321, 25600
-    peak = linear(765, 0.0095)
-    config = SearchConfig(budget_bytes=10_000 * MIB, max_batch_limit=65536, strategy="binsearch_checked")
-    outcomes = []
-    for _ in range(200):
-        step = next_step(config, outcomes)
-        if isinstance(step, Done):
-            break
-        limit = fresh_limit if step.fresh else reused_limit
-        ran = step.batch <= limit
-        outcomes.append(Outcome(step.batch, ran, int(peak(step.batch)) if ran else None, fresh=step.fresh))
-    else:
-        raise AssertionError(f"no answer: {outcomes}")
-    plain = simulate(SearchConfig(budget_bytes=10_000 * MIB, max_batch_limit=65536, strategy="binsearch"), peak,
-                     crash_above=reused_limit)[0]
-    assert plain > fresh_limit  # what the check is for
-    assert (1 - config.tolerance) * fresh_limit <= step.max_batch <= fresh_limit, step
-    readings = [o for o in outcomes if o.batch == step.max_batch and o.fresh]
-    assert len(readings) == ANSWER_READINGS and all(o.ran for o in readings)
-
-
-def test_checked_binsearch_judges_its_answer_by_the_spread_of_its_fresh_readings():
-    """As slow_start's: readings of the answer 3.4% apart lower the budget by that spread, and the
-    batch, whose lowest reading no longer fits the lowered budget, is not the answer."""
-    budget = 1000 * MIB
-    config = SearchConfig(budget_bytes=budget, strategy="binsearch_checked")
-    outcomes = [Outcome(b, True, int(linear(500, 1)(b))) for b in (8, 16, 32, 64, 128, 256)]
-    outcomes += [Outcome(512, True, 1012 * MIB), Outcome(384, True, 884 * MIB), Outcome(448, True, 948 * MIB),
-                 Outcome(480, True, 980 * MIB), Outcome(496, True, 996 * MIB), Outcome(504, True, 1004 * MIB)]
-    outcomes = [dataclasses.replace(o, ran=False, peak_bytes=None) if o.batch == 512 else o for o in outcomes]
-    assert next_step(config, outcomes) == Run(496, fresh=True, readings=ANSWER_READINGS)
-    outcomes.append(Outcome(496, True, 970 * MIB, fresh=True))
-    assert next_step(config, outcomes) == Run(496, fresh=True, readings=ANSWER_READINGS - 1)
-    outcomes += [Outcome(496, True, 1003 * MIB, fresh=True), Outcome(496, True, 975 * MIB, fresh=True)]
-    assert effective_budget_bytes(outcomes, budget) < budget
-    assert edge_of(outcomes, effective_budget_bytes(outcomes, budget)).hi <= 496
-    step = next_step(config, outcomes)
-    assert isinstance(step, Run) and step.batch < 496, step
 
 
 def test_a_limit_the_line_does_not_see_is_bisected_geometrically():
@@ -1088,8 +953,8 @@ def test_a_limit_the_line_does_not_see_is_bisected_geometrically():
     ooms = [batch for batch in runs(steps) if batch > 128]
     assert ooms == [4096, 362, 196, 151, 129], runs(steps)
     assert (1 - config.tolerance) * 128 <= answer <= 128
-    # binsearch keeps Lightning's arithmetic midpoint.
-    plain = simulate(dataclasses.replace(config, strategy="binsearch"), peak, crash_above=128)[1]
+    # The benchmark's binsearch keeps Lightning's arithmetic midpoint.
+    plain = simulate(config, peak, crash_above=128, decide=finders.binsearch_step)[1]
     assert runs(plain)[:9] == [8, 16, 32, 64, 128, 256, 192, 160, 144]
 
 
@@ -1098,8 +963,7 @@ def test_an_interval_within_one_doubling_keeps_the_arithmetic_midpoint():
     slow_start bisected 237..257 at 246, 251, 253 and answered 253 where arithmetic ones give 255."""
     from edgebatch.probing.search import _midpoint
 
-    config = SearchConfig(budget_bytes=1400 * MIB)
-    assert _midpoint(config, 237, 279) == 258
-    assert _midpoint(config, 32, 64) == 48  # a failure right after a doubling
-    assert int(_midpoint(config, 32, 4096)) == 362
-    assert _midpoint(dataclasses.replace(config, strategy="binsearch"), 32, 4096) == 2064
+    assert _midpoint(237, 279) == 258
+    assert _midpoint(32, 64) == 48  # a failure right after a doubling
+    assert int(_midpoint(32, 4096)) == 362
+    assert finders.midpoint(32, 4096) == 2064  # the benchmark's binsearch: Lightning's arithmetic midpoint

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import click
 
+from edgebatch.errors import UsageError
 from edgebatch.probing.api import ProbeRequest
 from edgebatch.probing.budget import MEMORY_BUDGET_ENV
-from edgebatch.probing.search import STRATEGIES
+from edgebatch.probing.strategy_option import check_strategy, deprecation_note
 from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZATIONS, OPTIMIZERS, PRECISIONS
 
 _DEFAULTS = ProbeRequest()
@@ -81,9 +82,11 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
                      help="Sequence lengths in tokens to probe a model with a variable sequence axis at, e.g. "
                           "64,128,256,512: the ceiling at each and a token memory model for any length. Default for "
                           "transformer_tiny and lstm_small: 64 doubling up to 512."),
-        click.option("--strategy", type=click.Choice(STRATEGIES), default=_DEFAULTS.strategy, show_default=True,
-                     help="Search strategy; the others are baselines (BENCHMARKS.md): the peers' finders, and "
-                          "binsearch_checked, binsearch whose answer is read in fresh workers as slow_start's is."),
+        # Deprecated: kept so that scripts passing `--strategy slow_start` still run; never passed on.
+        click.option("--strategy", default=None, metavar="slow_start", expose_value=False,
+                     callback=_deprecated_strategy,
+                     help="Deprecated: edgebatch has one search (slow_start); the peers' finders moved to the "
+                          "benchmark suite (tools/bench/probe_bench.py, BENCHMARKS.md)."),
     ]
 
     def decorate(command):
@@ -92,3 +95,15 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
         return command
 
     return decorate
+
+
+def _deprecated_strategy(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """--strategy: a one-line note on stderr for the probe's own search, a usage error (exit 2) for any other."""
+    del param
+    if value is None:
+        return
+    try:
+        check_strategy(value, f"--strategy {value}")
+    except UsageError as error:
+        raise click.UsageError(str(error), ctx) from None
+    click.echo(f"note: {deprecation_note('--strategy')}", err=True)

@@ -1,8 +1,9 @@
 """The probe: find the largest safe training batch of a model on a device.
 
-Pure: outcomes.py (shared records), search.py (strategy; baselines.py: the peers' finders, for
-benchmarks), memory_fit.py, summary.py, margins.py, eta.py (time left), budget_answer.py (a
-profile's answer at a smaller budget), reuse.py (when a cached profile answers). Side effects:
+Pure: outcomes.py (shared records), search.py (the search; the peers' finders are benchmark
+baselines, tools/bench/finders.py), strategy_option.py (the deprecated option), memory_fit.py,
+summary.py, margins.py, eta.py (time left), budget_answer.py (a profile's answer at a smaller
+budget), reuse.py (when a cached profile answers). Side effects:
 trial.py (TensorFlow steps), worker.py and worker_child.py (both sides of a worker process),
 reaping.py, forkserver.py, fresh_workers.py and spares.py (fresh workers), squeeze.py (room
 taken from outside), run_search.py and readings.py (the search run in workers), budget.py,

@@ -32,19 +32,14 @@ from edgebatch.probing.budget_answer import BudgetQuestion
 from edgebatch.probing.build_profile import profile_of
 from edgebatch.probing.fresh_workers import REPEAT_STEPS, FreshWorkers, spare_setup
 from edgebatch.probing.margins import bump_edge_fraction
-from edgebatch.probing.outcomes import (
-    ANSWER_READINGS,
-    DEFAULT_MAX_BATCH_LIMIT,
-    DEFAULT_START_BATCH,
-    DEFAULT_STRATEGY,
-    DEFAULT_TOLERANCE,
-)
+from edgebatch.probing.outcomes import ANSWER_READINGS, DEFAULT_MAX_BATCH_LIMIT, DEFAULT_START_BATCH, DEFAULT_TOLERANCE
 from edgebatch.probing.probe_run import ProbeRun
 from edgebatch.probing.readings import Progress
 from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, answered_below, reuse_problem
 from edgebatch.probing.run_search import run_search
-from edgebatch.probing.search import SearchConfig
+from edgebatch.probing.search import SLOW_START, Finder, SearchConfig
 from edgebatch.probing.squeeze import RoomWatch, host_room_with_workers
+from edgebatch.probing.strategy_option import check_strategy, deprecated_strategy
 from edgebatch.probing.worker import (
     DEFAULT_INTER_OP_THREADS,
     DEFAULT_STEPS_PER_TRIAL,
@@ -91,7 +86,7 @@ class ProbeRequest:
     answer_readings: int = ANSWER_READINGS
     # How close the search brackets the edge, as a share of the answer (outcomes.DEFAULT_TOLERANCE).
     tolerance: float = DEFAULT_TOLERANCE
-    strategy: str = DEFAULT_STRATEGY
+    strategy: str = SLOW_START.name  # the search the profile records (run_probe's finder); deprecated as an option
     worker_address_space_headroom_bytes: int | None = None
     # Sequence lengths (tokens) to probe a model with a variable sequence axis at: "64,128,256" or
     # a sequence of ints. None: a built-in sequence model's default ladder (token_fit.default_lengths),
@@ -147,6 +142,7 @@ class ProbeRequest:
         if isinstance(self.answer_readings, bool) or not isinstance(self.answer_readings, int) or self.answer_readings < 1:
             raise UsageError(f"--answer-readings must be a whole number >= 1, got {self.answer_readings!r}")
         token_fit.parse_seq_lens(self.seq_lens)
+        check_strategy(self.strategy, f"strategy={self.strategy!r}")
 
 
 def probe(
@@ -176,8 +172,8 @@ def probe(
         **options: ProbeRequest's fields, with its defaults: device, memory_budget ("1.5GiB",
             bytes; default: what the device can give now), allow_overcommit, precision, optimizer,
             optimize ("qat", "prune"), start, max_batch_limit, multiple, headroom, steps_per_trial,
-            trial_seconds, inter_op_threads, answer_readings, tolerance, strategy,
-            worker_address_space_headroom_bytes, seq_lens.
+            trial_seconds, inter_op_threads, answer_readings, tolerance, worker_address_space_headroom_bytes,
+            seq_lens; `strategy` is deprecated ("slow_start" warns, any other name is a UsageError).
 
     Returns:
         The DeviceProfile: `max_batch`, `safe_batch` (the one to train with), the memory line and
@@ -203,6 +199,8 @@ def probe(
     unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ProbeRequest)})
     if unknown:
         raise UsageError(f"unknown probe option(s) {', '.join(unknown)}: see edgebatch.probing.ProbeRequest")
+    if "strategy" in options:  # the probe has one search: any other is refused (strategy_option.py)
+        deprecated_strategy(options.pop("strategy"))
     temp_model_file = None
     if not isinstance(model, str):
         optimize = options.get("optimize", "none")
@@ -236,11 +234,14 @@ class ProbePlan:
     setup: WorkerSetup
 
 
-def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=True, progress: Progress = print) -> DeviceProfile:
+def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=True, progress: Progress = print,
+              finder: Finder = SLOW_START) -> DeviceProfile:
     """probe() for a built ProbeRequest: the recipe in the module's docstring, step by step. Workers
     are closed at once on an error or a stop, the fork server after its children; nothing is saved
-    unless the probe finished."""
+    unless the probe finished. `finder` decides the search's steps (default: the probe's own; the
+    benchmark passes the peers', tools/bench/finders.py), and the profile records its name."""
     request.validate()
+    request = dataclasses.replace(request, strategy=finder.name)
     plan = _plan(request)
     started = time.monotonic()
     progress(f"probing {plan.spec.text} on {plan.device} ({plan.facts.description}), "
@@ -261,7 +262,7 @@ def run_probe(request: ProbeRequest, *, profiles_dir=None, force=False, save=Tru
         # What one-shot estimators start from: the worker's memory before any trial batch.
         config = dataclasses.replace(plan.config, baseline_bytes=run.baseline_bytes)
         fork = FreshWorkers(run.device, run.budget.bytes, progress)
-        found = _searched(run, config, plan.setup, workers, fork, progress)
+        found = _searched(run, config, plan.setup, workers, fork, progress, finder)
     except BaseException:
         # Ctrl-C, SIGTERM or an error: a worker in the middle of a trial is killed, not waited for.
         at_once = True
@@ -291,7 +292,6 @@ def _plan(request: ProbeRequest) -> ProbePlan:
         max_batch_limit=request.max_batch_limit,
         multiple=request.multiple,
         tolerance=request.tolerance,
-        strategy=request.strategy,
         refuse_predicted_over_budget=facts.kind == "CPU",
         bump_edge_fraction=bump_edge_fraction(request.inter_op_threads),
         answer_readings=request.answer_readings,
@@ -373,7 +373,7 @@ def _refuse_budget_below_baseline(run: ProbeRun) -> None:
 
 
 def _searched(run: ProbeRun, config: SearchConfig, setup: WorkerSetup, workers: list[Worker], fork: FreshWorkers,
-              progress: Progress):
+              progress: Progress, finder: Finder):
     """The search's results (per length: per_length.search_lengths'; else run_search's (trials,
     Done)); a ProbeError where its failures met a host squeezed by others (squeeze.py)."""
     if not run.lengths:
@@ -381,7 +381,7 @@ def _searched(run: ProbeRun, config: SearchConfig, setup: WorkerSetup, workers: 
     # An overcommitted budget is above the room by the user's choice: failures there are theirs to judge.
     watch = RoomWatch(None if run.request.allow_overcommit else host_room_with_workers(run.device))
     search = functools.partial(run_search, workers=workers, measure=run.measure, progress=progress, fork=fork,
-                               watch=watch)
+                               watch=watch, finder=finder)
     if run.lengths:
         found = per_length.search_lengths(run.lengths, config, setup, workers, progress, search)
     else:

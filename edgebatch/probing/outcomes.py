@@ -1,7 +1,7 @@
 """The search's records and the evidence every answer is read from. Pure: no TensorFlow.
 
-search.py (edgebatch's slow start, Lightning's binsearch and power) and baselines.py (the peers'
-finders) both import from here, and summary.py reads a finished probe's trials through the same
+search.py (edgebatch's search) and the benchmark's peer finders (tools/bench/finders.py) both import
+from here, and summary.py reads a finished probe's trials through the same
 `edge_of`, so the answer a search gives and the profile's max and safe batches come from one
 reading of one set of outcomes.
 
@@ -19,22 +19,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from edgebatch.errors import UsageError
 from edgebatch.profiles.model import MemoryModel
 
-# The last three are the peers' finders, for benchmarks (baselines.py): Accelerate's shrink-on-OOM
-# (x0.9 now, x0.5 before) and a DeepSpeed-style one-shot estimate. `binsearch_checked` is Lightning's
-# binsearch held to slow_start's safety rule for its answer (search.py), so the benchmark can price
-# that rule apart from the search.
-CHECKED_BINSEARCH = "binsearch_checked"
-STRATEGIES = ("slow_start", "binsearch", CHECKED_BINSEARCH, "power", "shrink_x0.9", "shrink_x0.5", "one_shot_estimate")
 # The search's defaults, owned here; ProbeRequest (and through it the CLI) reads them.
 DEFAULT_START_BATCH = 8
 DEFAULT_MAX_BATCH_LIMIT = 4096
-DEFAULT_STRATEGY = "slow_start"
 # The search stops when the last fit and the first failure lie within this share of the last fit
 # (or one `multiple`): the answer is then at most about this far under the edge it brackets.
 DEFAULT_TOLERANCE = 0.02
@@ -73,7 +66,6 @@ class SearchConfig:
     multiple: int = 1
     # Stop bisecting when the interval is within this share of the answer (or one `multiple`).
     tolerance: float = DEFAULT_TOLERANCE
-    strategy: str = DEFAULT_STRATEGY
     # The first jump lands this far under the predicted ceiling: the fit from a few small batches
     # can be off by a few percent (docs/tensorflow-memory.md, "Peak is jagged in batch size":
     # +-40 MiB steps), and a jump that overshoots costs a failed trial at the most expensive batch
@@ -83,8 +75,8 @@ class SearchConfig:
     # slow_start only: trials after the model is trusted, and the check of the failure above the
     # answer, run in fresh workers (see search.py).
     fresh_endgame: bool = True
-    # The worker's memory before any trial batch (same measure as the peaks); only the
-    # one_shot_estimate baseline reads it.
+    # The worker's memory before any trial batch (same measure as the peaks); only a one-shot
+    # estimator reads it (the benchmark's one_shot_estimate, tools/bench/finders.py).
     baseline_bytes: int | None = None
     # slow_start only: a line known before the first trial (a probe per length: the token memory
     # model at this length, probing/token_fit.py). The search starts just under its ceiling, in
@@ -113,8 +105,6 @@ class SearchConfig:
             raise UsageError(f"answer_readings must be >= 1, got {self.answer_readings!r}")
         if not 0 < self.tolerance < 1:
             raise UsageError(f"tolerance must be in (0, 1), got {self.tolerance!r}")
-        if self.strategy not in STRATEGIES:
-            raise UsageError(f"unknown search strategy {self.strategy!r}: choose one of {', '.join(STRATEGIES)}")
 
 
 @dataclass(frozen=True)
@@ -173,6 +163,22 @@ class Done:
 
 
 Step = Run | Skip | Done
+
+
+@dataclass(frozen=True)
+class Finder:
+    """A search as one pure decision, and what the loop that runs it (run_search.py) owes it.
+
+    `next_step(config, outcomes)` is the next Step from every outcome so far: search.SLOW_START's is
+    the probe's own; the benchmark passes the peers' (tools/bench/finders.py) on the same runner.
+    `checks_answer`: it reads its answer in fresh workers until answer_readings_wanted agree, so
+    the loop says when a band, a spread or a child's level asks for more of them. `name` is what
+    a profile records as its search's `strategy`.
+    """
+
+    name: str
+    next_step: Callable[[SearchConfig, Sequence[Outcome]], Step]
+    checks_answer: bool = False
 
 
 @dataclass(frozen=True)

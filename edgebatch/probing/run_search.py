@@ -1,7 +1,9 @@
 """The search in workers: each step search.py decides is run in a worker, judged and reported.
 
-run_search is the loop (next_step, then the trial or the repeats side by side it asks for, then
-the lines that say what happened and what is left); fresh_workers.py starts the workers it needs.
+run_search is the loop (the finder's next_step, then the trial or the repeats side by side it asks
+for, then the lines that say what happened and what is left); fresh_workers.py starts the workers it
+needs. The finder is the probe's own search (search.SLOW_START) unless a caller passes another: the
+benchmark runs the peers' finders (tools/bench/finders.py) on these same workers and rules.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from edgebatch.probing.fresh_workers import (
 )
 from edgebatch.probing.outcomes import (
     BAND_READINGS_FACTOR,
-    CHECKED_BINSEARCH,
     SPREAD_NOISE_FRACTION,
+    Finder,
     answer_readings_wanted,
     child_level_excess,
     effective_budget_bytes,
@@ -29,27 +31,24 @@ from edgebatch.probing.outcomes import (
     peak_spread_fraction,
 )
 from edgebatch.probing.readings import Progress, trial_from_reply, trial_line
-from edgebatch.probing.search import Done, Outcome, SearchConfig, Skip, next_step
+from edgebatch.probing.search import SLOW_START, Done, Outcome, SearchConfig, Skip
 from edgebatch.probing.squeeze import RoomWatch
 from edgebatch.probing.worker import Worker, WorkerSetup
 from edgebatch.profiles import Trial
 from edgebatch.units import format_bytes
 
-# The strategies that read their answer in fresh workers (search._repeat_answer), and say when it needs more readings.
-ANSWER_CHECKING_STRATEGIES = ("slow_start", CHECKED_BINSEARCH)
-
 
 def run_search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], measure: str, progress: Progress,
-               fork: FreshWorkers | None = None, watch: RoomWatch | None = None):
-    """Run the search's steps in workers until it is done: (trials, Done). `watch` keeps the room
-    around each failed trial (squeeze.py)."""
+               fork: FreshWorkers | None = None, watch: RoomWatch | None = None, finder: Finder = SLOW_START):
+    """Run the steps `finder.next_step` decides in workers until it is done: (trials, Done). `watch`
+    keeps the room around each failed trial (squeeze.py)."""
     watch = watch or RoomWatch()
     outcomes: list[Outcome] = []
     trials: list[Trial] = []
     times: list[eta.TrialTime] = []
     began = time.monotonic()
     while True:
-        step = next_step(config, outcomes)
+        step = finder.next_step(config, outcomes)
         step_began = time.monotonic()
         room_before = watch.room(workers)
         if isinstance(step, Done):
@@ -104,21 +103,23 @@ def run_search(config: SearchConfig, setup: WorkerSetup, workers: list[Worker], 
         for trial in new_trials:
             # The scout's first trial is fresh but its start-up came before the search: it times no start-up.
             times.append(eta.TrialTime(seconds=each_seconds, fresh=trial.fresh and bool(times)))
-            record_trial(trial, trials, outcomes, config, progress, note if trial.fresh else "")
-        progress(_time_line(config, outcomes, times, time.monotonic() - began))
+            record_trial(trial, trials, outcomes, config, progress, note if trial.fresh else "", finder.checks_answer)
+        progress(_time_line(config, outcomes, times, time.monotonic() - began, finder.checks_answer))
 
 
-def _time_line(config: SearchConfig, outcomes: list[Outcome], times: list[eta.TrialTime], elapsed_seconds: float) -> str:
+def _time_line(config: SearchConfig, outcomes: list[Outcome], times: list[eta.TrialTime], elapsed_seconds: float,
+               checks_answer: bool) -> str:
     """The progress line after each step: trials and time so far, and the estimate of what is left (eta.py)."""
-    left = eta.trials_left(config, outcomes, checks_answer=config.strategy in ANSWER_CHECKING_STRATEGIES)
+    left = eta.trials_left(config, outcomes, checks_answer=checks_answer)
     estimate = eta.estimate(left, times)
     so_far = f"    {len(times)} trial{'' if len(times) == 1 else 's'}, {elapsed_seconds:.0f} s so far"
     return so_far + (f"; {estimate.describe()}" if estimate is not None else "")
 
 
 def record_trial(trial: Trial, trials: list[Trial], outcomes: list[Outcome], config: SearchConfig, progress: Progress,
-                 note: str) -> None:
-    """Add one trial to the search's records, and say so; and when repeated readings now differ, what that does."""
+                 note: str, checks_answer: bool = True) -> None:
+    """Add one trial to the search's records, and say so; and when repeated readings now differ, what that does
+    (`checks_answer`, Finder's: also how many fresh readings its answer then needs)."""
     trials.append(trial)
     ran = trial.ok or trial.error == "over_budget"
     spread_before = peak_spread_fraction(outcomes)
@@ -126,19 +127,19 @@ def record_trial(trial: Trial, trials: list[Trial], outcomes: list[Outcome], con
     levels_before = levels_seen(outcomes)
     outcomes.append(Outcome(trial.batch, ran=ran, peak_bytes=trial.peak_bytes, fresh=trial.fresh, forked=trial.forked))
     progress(trial_line(trial) + note)
-    if config.strategy in ANSWER_CHECKING_STRATEGIES and not band_before and oom_band_seen(outcomes):
+    if checks_answer and not band_before and oom_band_seen(outcomes):
         progress(f"  fresh workers both ran and ran out of memory at or below batch {trial.batch}: the edge is a "
                  f"band here, so the answer needs {config.answer_readings * BAND_READINGS_FACTOR} fresh readings")
     spread = peak_spread_fraction(outcomes)
     if spread > max(spread_before, SPREAD_NOISE_FRACTION):
         readings = ""
-        if config.strategy in ANSWER_CHECKING_STRATEGIES and not (band_before or spread_before > SPREAD_NOISE_FRACTION):
+        if checks_answer and not (band_before or spread_before > SPREAD_NOISE_FRACTION):
             readings = f", and the answer needs {answer_readings_wanted(config.answer_readings, outcomes)} fresh readings"
         progress(f"  fresh workers read batch {trial.batch} {spread:.1%} apart: peaks differ between processes "
                  f"here, so readings must now fit {format_bytes(effective_budget_bytes(outcomes, config.budget_bytes))}"
                  + readings)
     excess = child_level_excess(outcomes)
-    if (config.strategy in ANSWER_CHECKING_STRATEGIES and excess is not None and not levels_before
+    if (checks_answer and excess is not None and not levels_before
             and not band_before and spread <= SPREAD_NOISE_FRACTION):
         batch, above_lift, lift = excess
         progress(f"  a fork-server child read batch {batch} {format_bytes(above_lift)} above the "

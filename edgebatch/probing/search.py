@@ -1,4 +1,4 @@
-"""The batch-size search as a pure strategy: outcomes in, the next step out.
+"""The probe's batch-size search as a pure decision: outcomes in, the next step out.
 
 No TensorFlow here. `next_step(config, outcomes)` looks at every trial so far and returns
 `Run(batch, fresh)` (run a trial; `fresh`: in a worker that has run no other trial batch),
@@ -7,11 +7,11 @@ unrun, since on CPU a real OOM hurts other processes too) or `Done(max_batch)` (
 the smallest batch fits). The state is just the outcome list, so a search can be replayed, tested
 with tables of numbers and resumed from a saved profile.
 
-Strategies: `slow_start` (the default: double, jump under the memory model's ceiling once it is
-trusted, bisect, and read the endgame in fresh workers; which fits and failures count is
-outcomes.edge_of's rule), `binsearch` and `power` (Lightning's), and `binsearch_checked`
-(binsearch held to slow_start's rule for its answer). How slow_start treats bumps, children's
-readings and its answer: docs/probe-rules.md, "search.next_step: the strategies".
+The search is slow start: double, jump under the memory model's ceiling once it is trusted,
+bisect, and read the endgame in fresh workers; which fits and failures count is outcomes.edge_of's
+rule. SLOW_START is it as the Finder record run_search takes by default; the peers' finders are
+benchmark baselines, in tools/bench/finders.py. How it treats bumps, children's readings and its
+answer: docs/probe-rules.md, "search.next_step: slow start".
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from edgebatch.probing import baselines
 from edgebatch.probing.memory_fit import bump_excess_bytes, memory_model_of, prior_through_readings
 from edgebatch.probing.outcomes import (
     ANSWER_READINGS,
     BUMP_EDGE_FRACTION,
-    CHECKED_BINSEARCH,
-    STRATEGIES,
     Done,
+    Finder,
     Outcome,
     Run,
     SearchConfig,
@@ -56,8 +54,8 @@ BUMP_WIDTH_FRACTION = 0.10
 CHILD_LIFT_FRACTION = 0.01
 
 __all__ = [
-    "ANSWER_READINGS", "BUMP_EDGE_FRACTION", "CHILD_LIFT_FRACTION", "STRATEGIES", "Done", "Outcome", "Run", "SearchConfig", "Skip", "Step", "first_batch", "next_step", "round_down",
-    "usable_model",
+    "ANSWER_READINGS", "BUMP_EDGE_FRACTION", "CHILD_LIFT_FRACTION", "SLOW_START", "Done", "Finder", "Outcome", "Run",
+    "SearchConfig", "Skip", "Step", "first_batch", "next_step", "round_down", "usable_model",
 ]
 
 
@@ -73,38 +71,25 @@ def usable_model(outcomes: Sequence[Outcome]) -> MemoryModel | None:
 
 def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
     """Decide what to do next from every outcome so far (in any order)."""
-    if config.strategy in baselines.BASELINE_STRATEGIES:
-        return baselines.next_step(config, outcomes)
-    # The searches whose answers are read fresh and judged by one rule (outcomes.edge_of).
-    judged_by_edge = config.strategy in ("slow_start", CHECKED_BINSEARCH)
-    if judged_by_edge:
-        # Repeated fresh readings that differ lower the budget every reading is judged by.
-        config = with_effective_budget(config, outcomes)
-    budget = config.budget_bytes
+    # Repeated fresh readings that differ lower the budget every reading is judged by.
+    config = with_effective_budget(config, outcomes)
     cap = round_down(config.max_batch_limit, config.multiple)
-    prior = config.prior_model if config.strategy == "slow_start" else None
+    prior = config.prior_model
     if not outcomes:
         return Run(first_batch(config)) if prior is None else _start_at_prior(config, prior, cap)
 
-    if judged_by_edge:
-        edge = edge_of(outcomes, budget)
-        lo, hi = edge.lo, edge.hi
-    else:
-        # Lightning's finders as they are: the last fit, and the first failure above it.
-        lo = max((o.batch for o in outcomes if o.fits(budget)), default=0)
-        hi = min((o.batch for o in outcomes if not o.fits(budget) and o.batch > lo), default=None)
+    edge = edge_of(outcomes, config.budget_bytes)
+    lo, hi = edge.lo, edge.hi
     if prior is not None:
         # The prior's intercept is the process's; its slope moves to this search's readings.
         model = prior_through_readings(prior, readings_of(outcomes))
     else:
-        model = usable_model(outcomes) if config.strategy == "slow_start" else None
+        model = usable_model(outcomes)
 
     if hi is None:
         step = _grow(config, lo, cap, model)
-    elif config.strategy == "power" and lo > 0:
-        return Done(lo)
     else:
-        if config.strategy == "slow_start" and config.fresh_endgame and model is not None:
+        if config.fresh_endgame and model is not None:
             reread = _reread_childs_failure(config, outcomes, hi, model)
             if reread is not None:
                 return reread
@@ -113,15 +98,17 @@ def next_step(config: SearchConfig, outcomes: Sequence[Outcome]) -> Step:
                 return confirm
         over = [o.peak_bytes for o in outcomes if o.batch == hi and o.reading]
         step = _bisect(config, lo, hi, model, min(over, default=None))
-    if config.strategy == "slow_start" and config.fresh_endgame:
+    if config.fresh_endgame:
         step = _fresh_endgame(config, step, outcomes, hi, model)
         if isinstance(step, Done) and model is not None:
             step = _clear_of_bump(config, outcomes, step, hi, model)
         if isinstance(step, Done):
             step = _repeat_answer(config, outcomes, step)
-    elif config.strategy == CHECKED_BINSEARCH and isinstance(step, Done):
-        step = _repeat_answer(config, outcomes, step)
     return step
+
+
+# The probe's search as run_search takes it: it reads its answer in fresh workers (_repeat_answer).
+SLOW_START = Finder(name="slow_start", next_step=next_step, checks_answer=True)
 
 
 def _repeat_answer(config: SearchConfig, outcomes: Sequence[Outcome], done: Done) -> Step:
@@ -317,7 +304,7 @@ def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None, h
         return _maybe_skip(config, candidate, model)
     if hi - lo <= max(step, config.tolerance * lo):
         return Done(lo)
-    candidate = round_down(_midpoint(config, lo, hi), step)
+    candidate = round_down(_midpoint(lo, hi), step)
     if model is not None:
         if hi_peak_bytes is not None:
             excess_samples = math.ceil((hi_peak_bytes - config.budget_bytes) / model.per_sample_bytes)
@@ -341,11 +328,11 @@ def _bisect(config: SearchConfig, lo: int, hi: int, model: MemoryModel | None, h
 GEOMETRIC_ABOVE_RATIO = 2
 
 
-def _midpoint(config: SearchConfig, lo: int, hi: int) -> float:
+def _midpoint(lo: int, hi: int) -> float:
     """Where bisection goes between the last fit `lo` and the first failure `hi` when no line guides it.
 
-    binsearch: the arithmetic midpoint, as Lightning's does. slow_start: the geometric one across
-    an interval wider than one doubling (GEOMETRIC_ABOVE_RATIO), the arithmetic one otherwise. A
+    The geometric midpoint across an interval wider than one doubling (GEOMETRIC_ABOVE_RATIO), the
+    arithmetic one otherwise (the benchmark's binsearch keeps Lightning's arithmetic one). A
     wide interval without a line's guess comes from a failure the line does not explain: a real
     OOM at a batch the line puts well inside the budget, so a limit the readings cannot see binds
     (an address-space cap, a cgroup the budget was not told of). Where that limit lies is then
@@ -353,7 +340,7 @@ def _midpoint(config: SearchConfig, lo: int, hi: int) -> float:
     and the OOM's own ~10 s. dense_wide told only the RAM under a 300 MiB cap took 10 OOMs with
     arithmetic midpoints, 5 with this (docs/probe-rules.md, "search._midpoint").
     """
-    if config.strategy == "slow_start" and hi > GEOMETRIC_ABOVE_RATIO * lo:
+    if hi > GEOMETRIC_ABOVE_RATIO * lo:
         return math.sqrt(lo * hi)
     return (lo + hi) // 2
 

@@ -1,10 +1,12 @@
 """Section 1: probe accuracy and cost, slow_start against the peers' finders on the same trial runner.
 
 Every method runs through edgebatch's own runner (a scout worker, fresh workers whenever the search
-steps down, run_search.run_search's loop); only `SearchConfig.strategy` differs, so the comparison is between
-decisions, not implementations. Methods are interleaved within each repeat so that the machine's
-noise falls on all of them alike, and each repeat's trials and seconds are divided by binsearch's of
-the same repeat. The truth comes afterwards from fresh processes (probe_truth.py).
+steps down, run_search.run_search's loop); only its `finder` differs (finders.py: edgebatch's search
+and the peers'), so the comparison is between decisions, not implementations. Methods are
+interleaved within each repeat so that the machine's noise falls on all of them alike, and each
+repeat's trials and seconds are divided by binsearch's of the same repeat. The truth comes
+afterwards from fresh processes (probe_truth.py). Run alone, `python tools/bench/probe_bench.py
+--finder NAME --model MODEL` probes one model with one finder through api.run_probe (main).
 
 Budgets: a scenario either caps the workers' address space (`headroom_bytes`: real OOMs, clean
 ResourceExhaustedError for dense kernels, segfaults for some others, both counted as failures), or
@@ -25,17 +27,20 @@ many went over with a 95% bound on the share that would (probe_truth.answer_fail
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 from harness import MIB, ROOT, Deadline, Mode, capped_malloc_arenas, log, ratio_stat, stat_of
 from answer_failures import batches_to_count, profile_safe_batch
+from finders import FINDERS
 from probe_truth import ANSWER_PROCESSES, answer_failures, judge, measure_truth, truth_seconds_left
 
-# (strategy, start batch). Accelerate's finder starts at its default 128 and only shrinks; the
-# one-shot estimate calibrates at 1; the rest start where the probe does.
+# (finder, start batch), by finders.FINDERS' names. Accelerate's finder starts at its default 128 and
+# only shrinks; the one-shot estimate calibrates at 1; the rest start where the probe does.
 METHODS = (
     ("slow_start", 8),
     ("binsearch", 8),
@@ -109,7 +114,8 @@ class _CountingList(list):
 
 
 def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
-    """One probe with `strategy` on edgebatch's trial runner; what it found and what it cost."""
+    """One probe by the finder named `strategy` (finders.FINDERS) on edgebatch's trial runner; what it
+    found and what it cost."""
     from edgebatch.errors import EdgebatchError
     from edgebatch.probing import fresh_workers, margins, run_search
     from edgebatch.probing.search import SearchConfig
@@ -139,14 +145,15 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
         # margin (margins.fit_budget_bytes), for every method alike.
         config = SearchConfig(
             budget_bytes=margins.fit_budget_bytes(budget, setup.inter_op_threads), start_batch=start_batch,
-            max_batch_limit=scenario.max_batch_limit, strategy=strategy, refuse_predicted_over_budget=True,
+            max_batch_limit=scenario.max_batch_limit, refuse_predicted_over_budget=True,
             baseline_bytes=baseline, bump_edge_fraction=margins.bump_edge_fraction(setup.inter_op_threads),
         )
         # Fresh workers as `edgebatch probe` starts them: forked from a fork server where the device
         # has room for one beside the budget (fresh_workers.FreshWorkers), else new processes. Every method
         # gets the same runner.
         fork = fresh_workers.FreshWorkers("CPU:0", budget, lambda line: None)
-        trials, final = run_search.run_search(config, setup, workers, "process_peak", lambda line: None, fork)
+        trials, final = run_search.run_search(config, setup, workers, "process_peak", lambda line: None, fork,
+                                              finder=FINDERS[strategy])
         found = final.max_batch
         # The batch the profile would give training (the governor's ceiling): build_profile.build_profile's
         # reading of the same trials, at the default headroom, multiple 1.
@@ -215,7 +222,7 @@ def _run_scenario(scenario: Scenario, repeats: int, methods_until, truth_until, 
         seconds_left=truth_seconds_left(truth_until, section_until),
     )
     # Lightning's binsearch hands back its answer less a 5% margin (margin=0.05, binsearch only); the
-    # search strategy here stops before that step, so the margin is applied to the same runs.
+    # finder here stops before that step, so the margin is applied to the same runs.
     runs[BINSEARCH_MARGIN] = [
         {**run, "strategy": BINSEARCH_MARGIN, "derived_from": "binsearch", "trial_log": [],
          "found": int(run["found"] * (1 - LIGHTNING_MARGIN)) if run["found"] else None}
@@ -339,3 +346,36 @@ def run(mode: Mode, deadline: Deadline, methods_end: float, truth_end: float) ->
         result["repeats"] = repeats[index]
         results.append(result)
     return {"repeats": max(repeats), "scenarios": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One finder through `edgebatch probe`'s own path (api.run_probe) on one model: its answer and trials."""
+    parser = argparse.ArgumentParser(
+        description="Probe one model with one batch finder (edgebatch's slow_start or a peer's) on edgebatch's own "
+                    "trial runner. `python tools/bench/run.py --only probe` compares them all (BENCHMARKS.md).")
+    parser.add_argument("--finder", required=True, choices=list(FINDERS), help="the finder (tools/bench/finders.py)")
+    parser.add_argument("--model", default="mobilenet_v2", help="a built-in name, FILE.py:FUNCTION or a .keras file")
+    parser.add_argument("--memory-budget", default=None, help="e.g. 1.5GiB (default: what the device can give now)")
+    parser.add_argument("--device", default=None, help="CPU:0 or GPU:N (default: as edgebatch probe)")
+    parser.add_argument("--max-batch-limit", type=int, default=None, help="never try a batch above this")
+    parser.add_argument("--start", type=int, default=None, help="first batch (default: the finder's, METHODS)")
+    args = parser.parse_args(argv)
+    from edgebatch.errors import EdgebatchError, UsageError
+    from edgebatch.probing.api import ProbeRequest, run_probe
+
+    limit = {} if args.max_batch_limit is None else {"max_batch_limit": args.max_batch_limit}
+    request = ProbeRequest(model=args.model, device=args.device, memory_budget=args.memory_budget,
+                           start=args.start or dict(METHODS)[args.finder], **limit)
+    try:
+        # Never cached: a profile is an answer for training, and a peer's is there to be compared.
+        profile = run_probe(request, finder=FINDERS[args.finder], force=True, save=False, progress=print)
+    except EdgebatchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2 if isinstance(error, UsageError) else 1
+    trials = sum(t.measured for t in profile.trials)
+    print(f"{args.finder}: max_batch {profile.max_batch}, safe_batch {profile.safe_batch}, {trials} trials")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
