@@ -44,8 +44,9 @@ NOTES = [
     "## How these numbers are made",
     "",
     "- Probe: every method runs on edgebatch's own trial runner (a scout worker process, a fresh worker whenever "
-    "the search steps down, `run_search.run_search`); only `SearchConfig.strategy` differs (`edgebatch/probing/baselines.py` "
-    "holds the peers' finders: Accelerate's shrink-on-OOM from 128 by x0.9 and x0.5, never growing; a DeepSpeed-style "
+    "the search steps down, `run_search.run_search`); only the finder it is given differs (`tools/bench/finders.py` "
+    "holds edgebatch's search and the peers' finders: Lightning's binsearch and power; Accelerate's shrink-on-OOM "
+    "from 128 by x0.9 and x0.5, never growing; a DeepSpeed-style "
     "one-shot estimate from a batch-1 step over the worker's baseline memory, checking 0.95/1.0/1.05 x). "
     "'trials' counts trials that ran; 'failed' those that ran out of memory, died or measured over the budget; "
     "'workers' the processes started: fresh ones fork from a fork server that imported TensorFlow once, as `edgebatch "
@@ -56,7 +57,7 @@ NOTES = [
     "binsearch as it hands its answer back (less a 5% margin), derived from the same binsearch runs. "
     "'binsearch_checked' is binsearch held to slow_start's rule for the answer (read in 3 fresh workers, the "
     "first forked, the others new processes; a failed reading makes the answer a failure and the bisection goes on "
-    "below it; `edgebatch/probing/search.py`): 'trials / checked' and 'wall / checked' compare against it, so the "
+    "below it; `tools/bench/finders.py`): 'trials / checked' and 'wall / checked' compare against it, so the "
     "price of that rule drops out of the comparison. Costs to keep "
     "in mind: a worker started as a new process imports TensorFlow (8-20 s here), and a real OOM takes ~10 s to surface on CPU "
     "(TensorFlow's allocator retries before it gives up); a measured over-budget trial costs only its steps.",
