@@ -14,6 +14,7 @@ BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench"
 sys.path.insert(0, str(BENCH))
 
 import answer_failures  # noqa: E402
+from edgebatch.probing.margins import DEFAULT_HEADROOM  # noqa: E402
 import probe_truth  # noqa: E402
 
 MIB = 1024**2
@@ -46,8 +47,13 @@ def test_a_methods_safe_batch_is_counted_as_recorded_or_as_the_profile_would_rea
             "forked": False} for b in (8, 100, 400, 800, 900, 900, 900)]
     older = {"found": 900, "budget_bytes": 1024 * mib, "inter_op_threads": 1, "trial_log": log}
     safe = answer_failures.safe_batch_of_run(older)
-    # summary.safe_batch_of: the largest batch under 90% of the fit budget (1,013.76 MiB at one thread).
-    assert safe == int(0.9 * 1024 * 0.99 - 100)
+    # summary.safe_batch_of: the largest batch under the default headroom's share of the fit budget
+    # (1,013.76 MiB at one thread).
+    assert safe == int((1 - DEFAULT_HEADROOM) * 1024 * 0.99 - 100)
+    # ":safe_now" reads the trial log by the current rule even where the run recorded another.
+    now = {"runs": {"slow_start": [{**older, "safe_batch": 500}]}, "truth": {}}
+    assert answer_failures.batches_to_count(now, ["slow_start:safe", "slow_start:safe_now"], False) == {
+        safe: ["slow_start:safe_now"], 500: ["slow_start:safe"]}
     assert answer_failures.safe_batch_of_run({"found": None, "trial_log": log, "budget_bytes": 1}) is None
 
 
@@ -122,7 +128,8 @@ def test_counts_of_one_batch_in_several_measurements_add_up_in_the_merge():
 def test_explain_safe_names_the_reading_that_sets_the_safe_batch():
     mib = 1024**2
     # A line of 100 MiB + 1 MiB per sample in new processes, and one fork-server child 50 MiB above
-    # it at 600: carried down the line it allows 600 - (50 + 700 - 0.9 x 0.99 x 1024 MiB) samples.
+    # it at 600. The answer's own level (1,000 MiB at 900) sets the safe batch; the child's far below
+    # is superseded by the new processes' level at 800, nearer (summary.line_safe_batch).
     log = [{"batch": b, "ok": True, "error": None, "peak_bytes": (100 + b) * mib, "measured": True, "fresh": True,
             "forked": False} for b in (8, 100, 400, 800, 900)]
     log.append({"batch": 600, "ok": True, "error": None, "peak_bytes": 750 * mib, "measured": True, "fresh": True,
@@ -130,9 +137,17 @@ def test_explain_safe_names_the_reading_that_sets_the_safe_batch():
     run = {"found": 900, "budget_bytes": 1024 * mib, "inter_op_threads": 1, "trial_log": log}
     lines = answer_failures.explain_safe({"scenario": {"name": "toy"}, "runs": {"slow_start": [run]}})
     safe = answer_failures.safe_batch_of_run(run)
+    assert safe == int((1 - DEFAULT_HEADROOM) * 1024 * 0.99 - 100)
     assert lines[0].startswith(f"toy: slow_start answered 900, safe_batch {safe};")
-    assert lines[2].startswith(f"  allows {safe}: 600 read at 750.0 MiB in a fork-server child (+")
-    assert safe < int(0.9 * 1024 * 0.99 - 100)  # the child's reading, not the line, sets it
+    assert lines[2].startswith(f"  allows {safe}: 900 read at 1,000.0 MiB in a new process (+")
+    assert not any("fork-server child" in line for line in lines)
+    # Where that child's batch is the nearest level below the answer, it sets the safe batch.
+    near = [entry for entry in log if entry["batch"] != 800]
+    run = {**run, "trial_log": near}
+    lines = answer_failures.explain_safe({"scenario": {"name": "toy"}, "runs": {"slow_start": [run]}})
+    safe = answer_failures.safe_batch_of_run(run)
+    assert safe == 600 + int((1 - DEFAULT_HEADROOM) * 1024 * 0.99 - 750)
+    assert any(line.startswith(f"  allows {safe}: 600 read at 750.0 MiB in a fork-server child (+") for line in lines)
     assert answer_failures.explain_safe({"scenario": {"name": "toy"}, "runs": {}}) == [
         "toy: no slow_start run with a trial log"]
 

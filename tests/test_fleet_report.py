@@ -32,7 +32,7 @@ from edgebatch.fleet.report import (
     throughput_at_batch,
 )
 from edgebatch.fleet.report_html import render_html
-from edgebatch.profiles import save_profile
+from edgebatch.profiles import SCHEMA_VERSION, save_profile
 
 COMMITTED = Path(__file__).resolve().parent.parent / "device_profiles"
 RUNNING = RunningVersions(schema_version=1, edgebatch="0.1.0", tensorflow="2.21.0")  # make_profile's defaults
@@ -330,17 +330,19 @@ def test_other_schema_versions_are_stale_or_unreadable(tmp_path):
     path = _save(make_profile(), tmp_path / "node-a")
     entries, invalid = collect([str(path)])  # a single file
     assert [source for source, _profile in entries] == [str(path)] and invalid == []
-    # Schema 2 only added per-length fields: a schema-1 profile is not stale for it.
+    # Schemas 2 and 3 changed no answer's promise (3 derives a larger safe_batch, still under the
+    # budget): a schema-1 profile is not stale for this edgebatch.
     older = dataclasses.replace(entries[0][1], schema_version=1)
-    (row,) = analyse([(str(path), older)], now=NOW, running=RunningVersions(2, "0.1.0", "2.21.0")).rows
+    (row,) = analyse([(str(path), older)], now=NOW, running=RunningVersions(SCHEMA_VERSION, "0.1.0", "2.21.0")).rows
     assert row.flag_kinds() == ()
     # A later schema that changed what answers mean makes the older ones stale.
-    newer = RunningVersions(schema_version=3, edgebatch="0.1.0", tensorflow="2.21.0", answers_unchanged_since=3)
+    later = SCHEMA_VERSION + 1
+    newer = RunningVersions(schema_version=later, edgebatch="0.1.0", tensorflow="2.21.0", answers_unchanged_since=later)
     (row,) = analyse(entries, now=NOW, running=newer).rows
-    assert row.flag_kinds() == (STALE,) and "schema 2, this edgebatch writes 3" in row.flags[0].message
+    assert row.flag_kinds() == (STALE,) and f"schema {SCHEMA_VERSION}, this edgebatch writes {later}" in row.flags[0].message
     # A file of a newer schema is not read as a profile at all: listed, with why.
     data = json.loads(path.read_text(encoding="utf-8"))
-    data["schema_version"] = 3
+    data["schema_version"] = later
     (tmp_path / "node-b").mkdir()
     (tmp_path / "node-b" / path.name).write_text(json.dumps(data), encoding="utf-8")
     entries, invalid = collect([str(tmp_path)])

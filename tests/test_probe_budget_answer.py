@@ -10,9 +10,10 @@ import pytest
 
 from edgebatch.probing import budget_answer, summary
 from edgebatch.probing.budget_answer import BudgetAnswer, BudgetQuestion, answer_at
-from edgebatch.probing.margins import fit_budget_bytes
-from edgebatch.probing.reuse import answered_below, reuse_problem
+from edgebatch.probing.margins import DEFAULT_HEADROOM, fit_budget_bytes
+from edgebatch.probing.reuse import answered_from_readings, reuse_problem
 from edgebatch.profiles import MemoryModel, Trial
+from edgebatch.profiles.schema import SAFE_RULE_SCHEMA, SCHEMA_VERSION
 from edgebatch.profiles.store import load_profile
 
 MIB = 1024**2
@@ -40,10 +41,10 @@ TRIALS = (
 )
 
 
-def profile_question(profile, share):
+def profile_question(profile, share, headroom=None):
     budget = int(profile.budget_bytes * share)
     threads = profile.search.get("inter_op_threads", 0)
-    return question(budget, headroom=profile.headroom, multiple=profile.search["multiple"],
+    return question(budget, headroom=profile.headroom if headroom is None else headroom, multiple=profile.search["multiple"],
                     tolerance=profile.search.get("tolerance", 0.02), threads=threads)
 
 
@@ -148,7 +149,7 @@ def test_a_profile_answers_every_budget_up_to_its_own(requested, reused, below):
     assert (problem is None) == reused
     if not reused:
         assert "a larger budget needs readings it does not hold" in problem
-    assert answered_below(GIB, requested) == below
+    assert answered_from_readings(GIB, requested) == below
 
 
 def test_a_per_length_profile_answers_only_its_own_budget():
@@ -158,7 +159,7 @@ def test_a_per_length_profile_answers_only_its_own_budget():
     same = dict(cached_search=search, cached_headroom=0.1, cached_budget_bytes=GIB, requested_search=search,
                 requested_headroom=0.1, cached_per_length=True)
     assert reuse_problem(requested_budget_bytes=int(GIB * 0.98), **same) is None
-    assert not answered_below(GIB, int(GIB * 0.98), cached_per_length=True)
+    assert not answered_from_readings(GIB, int(GIB * 0.98), cached_per_length=True)
     assert "a probe per length answers only its own budget" in reuse_problem(requested_budget_bytes=int(GIB * 0.7), **same)
 
 
@@ -199,10 +200,14 @@ def test_the_default_probe_answers_a_smaller_budget_from_the_committed_profile_w
     lines = []
     answered = probe("mobilenet_v2", device="CPU:0", memory_budget=budget, allow_overcommit=True,
                      profiles_dir=tmp_path, progress=lines.append)
-    expected = answer_at(profile.trials, profile.memory_model, profile_question(profile, share), profile.max_batch,
-                         profile.safe_batch)
+    # The committed profile's safe_batch came from the older rule (schema 2): the probe's own rule and
+    # headroom read its trials again, not capped by that figure.
+    assert profile.schema_version < SAFE_RULE_SCHEMA
+    expected = answer_at(profile.trials, profile.memory_model, profile_question(profile, share, DEFAULT_HEADROOM),
+                         profile.max_batch)
     assert (answered.budget_bytes, answered.max_batch, answered.safe_batch) == (
         budget, expected.max_batch, expected.safe_batch)
+    assert answered.headroom == DEFAULT_HEADROOM and answered.schema_version == SCHEMA_VERSION
     assert any("its readings answer this smaller budget" in line for line in lines), lines
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name], "the cached file stays as it was"
     assert not any(line.lstrip().startswith("batch ") for line in lines), f"no trial runs: {lines}"

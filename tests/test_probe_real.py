@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edgebatch.probing import ProbeRequest, probe, run_probe
+from edgebatch.probing import ProbeRequest, probe, run_probe, summary
 from edgebatch.probing.margins import bump_edge_fraction, fit_budget_bytes
 from edgebatch.probing.outcomes import answer_readings_wanted
 from edgebatch.probing.summary import judged_budget_bytes, outcome_of
@@ -133,7 +133,12 @@ def test_profile_is_coherent(small_cnn_profile):
     profile = small_cnn_profile
     assert profile.measure == "process_peak"
     assert profile.search["malloc_arena_max"] == 1  # the environment one_malloc_arena gave its workers
-    assert profile.safe_batch < profile.max_batch
+    # The training batch is the answer, or below it by as much as the answer's own level needs to
+    # keep the headroom along the memory line (summary.line_safe_batch).
+    level = summary.batch_levels(profile.trials)[profile.max_batch]
+    target = fit_budget_bytes(SMALL_CNN_BUDGET, profile.search["inter_op_threads"]) * (1 - profile.headroom)
+    stepped = profile.max_batch - profile.safe_batch
+    assert stepped >= 0 and level.peak_bytes - stepped * profile.memory_model.per_sample_bytes <= target
     assert profile.memory_model.r2 > 0.98
     fitted = [t for t in profile.trials if t.ok]
     assert all(t.peak_bytes <= SMALL_CNN_BUDGET for t in fitted)

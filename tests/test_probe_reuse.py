@@ -17,7 +17,8 @@ from edgebatch.probing.budget import (
     overcommit_problem,
     resolve_budget,
 )
-from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, reuse_problem
+from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, answered_from_readings, reuse_problem, safe_rule_matches
+from edgebatch.profiles.schema import SCHEMA_VERSION
 from edgebatch.sensors.cgroup import CgroupMemory
 from edgebatch.sensors.host import HostMemory
 from probe_stand_ins import StandInWorker, start_stand_ins
@@ -55,7 +56,6 @@ def test_another_start_reuses_it_moves_the_path_not_the_answer():
         ({"strategy": "binsearch"}, "--strategy slow_start"),
         ({"steps_per_trial": 10}, "--steps-per-trial 3"),
         ({"trial_seconds": 30.0}, "--trial-seconds 10.0"),
-        ({"headroom": 0.5}, "--headroom 0.1, this probe asks for 0.5"),
         ({"inter_op_threads": 0}, "--inter-op-threads 1, this probe asks for 0"),
         ({"answer_readings": 1}, "--answer-readings 3, this probe asks for 1"),
         ({"tolerance": 0.05}, "--tolerance 0.02, this probe asks for 0.05"),
@@ -64,6 +64,19 @@ def test_another_start_reuses_it_moves_the_path_not_the_answer():
 def test_a_setting_that_changes_the_answer_probes_again(change, fragment):
     reason = problem(**change)
     assert reason is not None and fragment in reason
+
+
+def test_another_headroom_or_an_older_safe_rule_is_answered_from_the_readings_except_per_length():
+    # safe_batch is a pure function of the readings (budget_answer.py reads it again).
+    assert problem(headroom=0.5) is None
+    assert answered_from_readings(GIB, GIB, same_safe_rule=safe_rule_matches(SCHEMA_VERSION, 0.10, 0.5))
+    assert answered_from_readings(GIB, GIB, same_safe_rule=safe_rule_matches(2, 0.03, 0.03))
+    assert not answered_from_readings(GIB, GIB, same_safe_rule=safe_rule_matches(SCHEMA_VERSION, 0.03, 0.03))
+    per_length = reuse_problem(cached_search=SEARCH, cached_headroom=0.10, cached_budget_bytes=GIB,
+                               requested_search=SEARCH, requested_headroom=0.5, requested_budget_bytes=GIB,
+                               cached_per_length=True)
+    assert "--headroom 0.1, this probe asks for 0.5, and a probe per length answers only its own" in per_length
+    assert not answered_from_readings(GIB, GIB, cached_per_length=True, same_safe_rule=False)
 
 
 def test_a_budget_up_to_the_tolerance_above_the_profiles_or_any_below_is_answered_a_larger_one_probes():
@@ -310,6 +323,9 @@ def test_the_probe_says_why_it_reused_or_probed_again(tmp_path):
     below, line = _probe_until_decided(tmp_path, memory_budget="2GiB", max_batch_limit=32)
     assert "its readings answer this smaller budget" in line and below.budget_bytes == 2 * 1024**3
     assert below.max_batch == first.max_batch and below.created_at == first.created_at
+    wider, line = _probe_until_decided(tmp_path, memory_budget="4GiB", max_batch_limit=32, headroom=0.5)
+    assert "it was probed with --headroom 3%, its readings answer this probe's 50%" in line
+    assert wider.headroom == 0.5 and wider.max_batch == first.max_batch and wider.safe_batch <= first.safe_batch
     assert sorted(tmp_path.iterdir()) == saved, "a stopped probe writes nothing"
     _reuse_with_a_scout_that_never_gets_ready(tmp_path, first)
 

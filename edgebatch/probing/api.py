@@ -28,14 +28,13 @@ from edgebatch.probing.budget import (
     probe_budget,
     with_worker_gpu_details,
 )
-from edgebatch.probing.budget_answer import BudgetQuestion
 from edgebatch.probing.build_profile import profile_of
 from edgebatch.probing.fresh_workers import REPEAT_STEPS, FreshWorkers, spare_setup
-from edgebatch.probing.margins import bump_edge_fraction
+from edgebatch.probing.margins import DEFAULT_HEADROOM, bump_edge_fraction
 from edgebatch.probing.outcomes import ANSWER_READINGS, DEFAULT_MAX_BATCH_LIMIT, DEFAULT_START_BATCH, DEFAULT_TOLERANCE
 from edgebatch.probing.probe_run import ProbeRun
 from edgebatch.probing.readings import Progress
-from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, answered_below, reuse_problem
+from edgebatch.probing.reuse import BUDGET_TOLERANCE_FRACTION, answered_from_readings, reuse_problem, safe_rule_matches
 from edgebatch.probing.run_search import run_search
 from edgebatch.probing.search import SLOW_START, Finder, SearchConfig
 from edgebatch.probing.squeeze import RoomWatch, host_room_with_workers
@@ -59,7 +58,7 @@ from edgebatch.zoo import OPTIMIZATIONS, OPTIMIZERS, PRECISIONS, ModelSpec, kera
 @dataclass(frozen=True, kw_only=True)
 class ProbeRequest:
     """What a probe is asked. The CLI reads every default from here; the search's and the trial's
-    come from their owners (outcomes.py, worker.py), headroom and the rest are owned here.
+    come from their owners (outcomes.py, worker.py, margins.py); the rest are owned here.
 
     `max_batch_limit` is the largest batch the search may try; `max_batch` is only ever the answer.
     `allow_overcommit` accepts an explicit budget above what the device can give now.
@@ -77,7 +76,7 @@ class ProbeRequest:
     start: int = DEFAULT_START_BATCH
     max_batch_limit: int = DEFAULT_MAX_BATCH_LIMIT
     multiple: int = 1
-    headroom: float = 0.10
+    headroom: float = DEFAULT_HEADROOM
     steps_per_trial: int = DEFAULT_STEPS_PER_TRIAL
     trial_seconds: float = DEFAULT_TRIAL_SECONDS
     # TensorFlow inter-op threads in the workers (0: TensorFlow's own pool); see worker.DEFAULT_INTER_OP_THREADS.
@@ -406,22 +405,26 @@ def _reuse_problem(cached: DeviceProfile, run: ProbeRun) -> str | None:
 
 def _reused(cached: DeviceProfile, run: ProbeRun, progress: Progress) -> DeviceProfile | None:
     """The cached profile's answer to the probe (as it stands, or read from its readings at a
-    smaller budget), saying so in one line; None, with the reason, where it has none."""
+    smaller budget or another safe-batch rule), saying so in one line; None, with the reason, where
+    it has none."""
     request, budget = run.request, run.budget
     where = run.directory / cached.path_name
     problem = _reuse_problem(cached, run)
-    if problem is None and not answered_below(cached.budget_bytes, budget.bytes, bool(cached.per_length)):
+    same_rule = safe_rule_matches(cached.schema_version, cached.headroom, request.headroom)
+    if problem is None and not answered_from_readings(cached.budget_bytes, budget.bytes, bool(cached.per_length),
+                                                      same_rule):
         progress(f"reusing cached profile {where}: same device, model and settings, budget within "
                  f"{BUDGET_TOLERANCE_FRACTION:.0%} (--force probes again)")
         return cached
     if problem is None:
-        question = BudgetQuestion(budget_bytes=budget.bytes, fit_budget_bytes=budget.fit_bytes,
-                                  headroom=request.headroom, multiple=request.multiple, tolerance=request.tolerance)
+        question = budget_answer.question_at(cached.budget_bytes, budget.bytes, budget.fit_bytes,
+                                             headroom=request.headroom, multiple=request.multiple,
+                                             tolerance=request.tolerance)
         answer = budget_answer.answer_at(cached.trials, cached.memory_model, question, cached.max_batch,
-                                          cached.safe_batch)
+                                          cached.safe_batch if same_rule else None)
         if isinstance(answer, budget_answer.BudgetAnswer):
-            progress(f"reusing cached profile {where}: probed under {format_bytes(cached.budget_bytes)}, its "
-                     f"readings answer this smaller budget: {answer.describe()} (--force probes again)")
+            progress(f"reusing cached profile {where}: {budget_answer.why_read_again(cached, question)}: "
+                     f"{answer.describe()} (--force probes again)")
             return budget_answer.profile_at(cached, answer, question, budget.source)
         problem = answer
     progress(f"not reusing cached profile {where}: {problem}; probing again")

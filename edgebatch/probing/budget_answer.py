@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgebatch.probing import summary
+from edgebatch.probing.margins import HIDDEN_LIMIT_MARGIN
 from edgebatch.probing.outcomes import round_down
 from edgebatch.profiles.model import DeviceProfile, MemoryModel, Trial
+from edgebatch.profiles.schema import SAFE_RULE_SCHEMA, SCHEMA_VERSION
 from edgebatch.units import format_bytes
 
 
@@ -53,6 +55,29 @@ class BudgetAnswer:
                   else f"read under it{over}")
         return (f"max_batch {self.max_batch} ({source}), safe_batch {self.safe_batch} "
                 f"at {format_bytes(self.budget_bytes)}")
+
+
+def question_at(cached_budget_bytes: int, budget_bytes: int, fit_budget_bytes: int, *, headroom: float, multiple: int,
+                tolerance: float) -> BudgetQuestion:
+    """What a cached profile's readings are asked for a probe at `budget_bytes`: that budget, or the
+    profile's own where the probe's is larger (reuse.py lets it be larger by a few percent, and the
+    readings answer no larger budget), its fit figure scaled alike."""
+    if budget_bytes > cached_budget_bytes:
+        fit_budget_bytes = int(fit_budget_bytes * cached_budget_bytes / budget_bytes)
+        budget_bytes = cached_budget_bytes
+    return BudgetQuestion(budget_bytes=budget_bytes, fit_budget_bytes=fit_budget_bytes, headroom=headroom,
+                          multiple=multiple, tolerance=tolerance)
+
+
+def why_read_again(profile: DeviceProfile, question: BudgetQuestion) -> str:
+    """Why a reused profile's answer is read from its readings, as part of one line for people."""
+    if question.budget_bytes < profile.budget_bytes:
+        return f"probed under {format_bytes(profile.budget_bytes)}, its readings answer this smaller budget"
+    if profile.schema_version < SAFE_RULE_SCHEMA:
+        return (f"its safe_batch came from an older rule (schema {profile.schema_version}, headroom "
+                f"{profile.headroom:.0%}), its readings answer this one's (headroom {question.headroom:.0%})")
+    return (f"it was probed with --headroom {profile.headroom:.0%}, its readings answer this probe's "
+            f"{question.headroom:.0%}")
 
 
 def answer_at(trials: Sequence[Trial], model: MemoryModel | None, question: BudgetQuestion,
@@ -94,17 +119,19 @@ def _line_bound(trials: Sequence[Trial], fit_budget_bytes: int, headroom: float,
 
 def _safe_batch(trials: Sequence[Trial], model: MemoryModel | None, question: BudgetQuestion, judged: int,
                 max_batch: int) -> int:
-    """The training batch at the new budget: under every reading's bound at the headroom (or the
-    largest fit under budget x (1 - headroom) without a line), under a limit the budget does not
-    see (summary.hidden_limit_edge_of), never above max_batch, never below the multiple."""
+    """The training batch at the new budget, by summary.safe_batch_of's rule: along the memory line
+    from the readings at or below max_batch (summary.line_safe_batch; without a line, the largest
+    fit under budget x (1 - headroom)), under a limit the budget does not see
+    (summary.hidden_limit_edge_of), never above max_batch, never below the multiple."""
     if model is None or model.per_sample_bytes <= 0:
         safe_budget = judged * (1 - question.headroom)
         safe = max((t.batch for t in summary.fitting_trials(trials, safe_budget)), default=0)
     else:
-        safe = _line_bound(trials, question.fit_budget_bytes, question.headroom, model)
+        safe = summary.line_safe_batch(trials, question.fit_budget_bytes * (1 - question.headroom),
+                                       model.per_sample_bytes, max_batch)
     edge = summary.hidden_limit_edge_of(trials, judged, model)
     if edge is not None:
-        safe = min(safe, int(edge * (1 - question.headroom)))
+        safe = min(safe, int(edge * (1 - max(question.headroom, HIDDEN_LIMIT_MARGIN))))
     safe = min(safe, max_batch)
     return max(round_down(safe, question.multiple), question.multiple)
 
@@ -122,8 +149,9 @@ def rejudged(trials: Sequence[Trial], fit_budget_bytes: int) -> tuple[Trial, ...
 def profile_at(profile: DeviceProfile, answer: BudgetAnswer, question: BudgetQuestion,
                budget_source: str) -> DeviceProfile:
     """`profile` as its answer to `question`: the budget (from `budget_source`), max and safe
-    batches, knee, predicted ceiling and trials' verdicts of that budget. Not saved: the file keeps
-    the readings' own budget, which answers every smaller one."""
+    batches, knee, predicted ceiling and trials' verdicts of that budget, summarised by this
+    schema's rule. Not saved: the file keeps the readings' own budget, which answers every smaller
+    one."""
     fit_budget_bytes = question.fit_budget_bytes
     trials = rejudged(profile.trials, fit_budget_bytes)
     model = profile.memory_model
@@ -132,6 +160,7 @@ def profile_at(profile: DeviceProfile, answer: BudgetAnswer, question: BudgetQue
         profile,
         budget_bytes=answer.budget_bytes,
         budget_source=budget_source,
+        schema_version=SCHEMA_VERSION,
         headroom=question.headroom,
         max_batch=answer.max_batch,
         safe_batch=answer.safe_batch,

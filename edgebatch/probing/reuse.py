@@ -3,8 +3,12 @@
 The device and model are matched by the profile's file name (fingerprint, memory limit included,
 and model key). What is left:
 - the search settings that change the answer (ANSWER_SETTINGS; an unrecorded one takes its old
-  default, UNRECORDED_SETTINGS; `start` only moves the path) and the headroom. A profile that
-  records no settings (an older edgebatch) is not reused.
+  default, UNRECORDED_SETTINGS; `start` only moves the path). A profile that records no settings
+  (an older edgebatch) is not reused.
+- the headroom and the safe-batch rule: safe_batch is a pure function of the readings, so a
+  profile probed with another headroom, or summarised by an older rule (schema before
+  SAFE_RULE_SCHEMA), answers from its readings (answered_from_readings). A per-length profile
+  answers only its own headroom.
 - the budget. A profile answers every budget up to its own: one below it from its readings
   (budget_answer.py), one up to BUDGET_TOLERANCE_FRACTION above it with its answer as it stands,
   since a default budget (the RAM available now) moves with whatever else runs and fresh
@@ -19,6 +23,7 @@ from typing import Any
 
 from edgebatch import malloc_arenas
 from edgebatch.probing.outcomes import DEFAULT_TOLERANCE
+from edgebatch.profiles.schema import SAFE_RULE_SCHEMA
 from edgebatch.threads import UNRECORDED_INTER_OP_THREADS
 from edgebatch.units import format_bytes
 
@@ -68,15 +73,28 @@ def reuse_problem(
         if cached != requested:
             words = VALUE_TEXT.get(name, str)
             return f"it was probed with {option} {words(cached)}, this probe asks for {words(requested)}"
-    if abs(cached_headroom - requested_headroom) > 1e-9:
-        return f"it was probed with --headroom {cached_headroom}, this probe asks for {requested_headroom}"
+    if cached_per_length and not _same_headroom(cached_headroom, requested_headroom):
+        return (f"it was probed with --headroom {cached_headroom}, this probe asks for {requested_headroom}, "
+                "and a probe per length answers only its own")
     return _budget_problem(cached_budget_bytes, requested_budget_bytes, cached_per_length)
 
 
-def answered_below(cached_budget_bytes: int, requested_budget_bytes: int, cached_per_length: bool = False) -> bool:
-    """Whether a reused profile's answer is read again from its readings at the requested budget
-    (below its own), rather than given as it stands."""
-    return not cached_per_length and requested_budget_bytes < cached_budget_bytes
+def answered_from_readings(cached_budget_bytes: int, requested_budget_bytes: int, cached_per_length: bool = False,
+                           same_safe_rule: bool = True) -> bool:
+    """Whether a reused profile's answer is read again from its readings (budget_answer.py), rather
+    than given as it stands: at a budget below its own, or where its safe batch followed another
+    headroom or an older rule (`same_safe_rule` False: safe_rule_matches)."""
+    return not cached_per_length and (requested_budget_bytes < cached_budget_bytes or not same_safe_rule)
+
+
+def safe_rule_matches(cached_schema_version: int, cached_headroom: float, requested_headroom: float) -> bool:
+    """Whether the cached safe_batch is the one this request's rule gives: same headroom, and a
+    schema that already derived it as summary.safe_batch_of does now."""
+    return cached_schema_version >= SAFE_RULE_SCHEMA and _same_headroom(cached_headroom, requested_headroom)
+
+
+def _same_headroom(cached_headroom: float, requested_headroom: float) -> bool:
+    return abs(cached_headroom - requested_headroom) <= 1e-9
 
 
 def _budget_problem(cached_budget_bytes: int, requested_budget_bytes: int, cached_per_length: bool) -> str | None:

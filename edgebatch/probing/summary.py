@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 
 from edgebatch.probing import memory_fit
+from edgebatch.probing.margins import HIDDEN_LIMIT_MARGIN
 from edgebatch.probing.outcomes import Edge, Outcome, counted_failures, edge_of, lowered_by_spread, peak_spread_fraction
 from edgebatch.profiles.model import MemoryModel, Trial
 
@@ -86,23 +87,20 @@ def safe_batch_of(
 ) -> int | None:
     """Largest batch whose peak fits budget x (1 - headroom), never above the edge or `max_batch`.
 
+    One margin, the measured one: the spread between fresh processes is in the budget the search
+    judged by (judged_budget_bytes), and `headroom` (margins.DEFAULT_HEADROOM) covers what a peak
+    still rises after its trial ends; the governor and the supervisor catch a rarer draw.
+
     The edge is max_batch_of's; `max_batch` is the search's answer when one is given (a peer's
     finder can answer above a failure, the safe batch still stays under it). With a memory model,
-    every fit and every fresh reading is an anchor: from its own reading, stepping
-    per_sample_bytes per sample, it says how far the batch can go before the reduced budget; the
-    smallest answer wins. Where readings of one batch differed (judged_budget_bytes lowers the
-    budget by that spread), an anchor stepping down to smaller batches is judged against the
-    reduced budget before that lowering: it carries its own level down, and the highest reading
-    behind the spread is an anchor too. One stepping up is judged against the lowered one.
-    Readings are not monotone in batch (a scout worker's history inflates its peaks, a fresh
-    worker reads lower, and a bump a fresh trial above it contradicted still read high;
-    docs/tensorflow-memory.md: +-40 MiB steps), and the safe batch must respect the worst of them.
-    Without a model, the largest measured fit under the reduced budget.
+    the readings at or below that ceiling decide, each batch at its level (batch_levels), along
+    the memory line (line_safe_batch). Without a model, the largest measured fit under the
+    reduced budget.
 
-    When the ceiling is a limit the budget does not see (hidden_limit_edge_of), the headroom is
-    also kept below that edge, in samples: its exact place moves by a few percent between
-    processes (an address-space cap: 256 ran in the probe's worker and failed in the next fresh
-    process), so max_batch is the edge and the safe batch stays clear of it.
+    When the ceiling is a limit the budget does not see (hidden_limit_edge_of), the safe batch
+    keeps margins.HIDDEN_LIMIT_MARGIN (or the headroom, if larger) of that edge clear, in samples:
+    its exact place moves by a few percent between processes (an address-space cap: 256 ran in
+    the probe's worker and failed in the next fresh process).
 
     Never below `multiple` while anything fits: the smallest allowed batch is below every failure
     that counts (the edge is a fit), so no fallback lands above one. None when nothing fits.
@@ -118,24 +116,70 @@ def safe_batch_of(
         fits = [t for t in fitting_trials(trials, judged) if t.batch <= ceiling]
         safe = max((t.batch for t in fits if t.peak_bytes <= judged * (1 - headroom)), default=0)
     else:
-        safe = anchor_bounds(trials, budget_bytes, headroom, model.per_sample_bytes)[0][0]
+        safe = line_safe_batch(trials, budget_bytes * (1 - headroom), model.per_sample_bytes, ceiling)
     safe = min(safe, ceiling)
     edge = hidden_limit_edge_of(trials, judged, model)
     if edge is not None:
-        safe = min(safe, math.floor(edge * (1 - headroom)))
+        safe = min(safe, math.floor(edge * (1 - max(headroom, HIDDEN_LIMIT_MARGIN))))
     return max(safe // multiple * multiple, multiple)
 
 
 def anchor_bounds(trials: Sequence[Trial], budget_bytes: float, headroom: float,
                   per_sample_bytes: float) -> list[tuple[int, Trial]]:
-    """safe_batch_of's anchors (every fit under the judged budget, every fresh reading), each with
-    the largest batch it allows (_anchor_bound), smallest bound first. `budget_bytes`: the budget
-    before any spread lowered it (judged_budget_bytes lowers it here)."""
+    """The memory line's bridge between readings (budget_answer.py): every fit under the judged
+    budget and every fresh reading, each with the largest batch it allows (_anchor_bound), smallest
+    bound first. `budget_bytes`: the budget before any spread lowered it (judged_budget_bytes
+    lowers it here)."""
     judged = judged_budget_bytes(trials, budget_bytes)
     fresh = [t for t in trials if t.fresh and t.measured and t.peak_bytes is not None]
     anchors = list(dict.fromkeys(fitting_trials(trials, judged) + fresh))  # a fresh fit is both, once
     bounds = [(_anchor_bound(t, judged * (1 - headroom), budget_bytes * (1 - headroom), per_sample_bytes), t)
               for t in anchors]
+    return sorted(bounds, key=lambda pair: pair[0])
+
+
+def batch_levels(trials: Sequence[Trial]) -> dict[int, Trial]:
+    """{batch: the reading it stands for}: its highest reading in a new process where one read it
+    (training runs in one; a fork-server child of text_cnn read 12% above them at the same batch),
+    else its highest reading at all."""
+    readings = [t for t in trials if t.measured and t.peak_bytes is not None]
+    new_process = {t.batch for t in readings if t.fresh and t.forked is False}
+    levels: dict[int, Trial] = {}
+    for t in readings:
+        if t.batch in new_process and not (t.fresh and t.forked is False):
+            continue
+        if t.batch not in levels or t.peak_bytes > levels[t.batch].peak_bytes:
+            levels[t.batch] = t
+    return levels
+
+
+def line_safe_batch(trials: Sequence[Trial], safe_budget_bytes: float, per_sample_bytes: float, ceiling: int) -> int:
+    """The largest batch up to `ceiling` that every level at or above it (batch_levels), stepped
+    down the memory line to it, and the nearest level below it, stepped up, put under
+    `safe_budget_bytes`; 0 where none does.
+
+    Levels above the ceiling are the ceiling's evidence, not the safe batch's: memory jumps in
+    steps there (dense_wide read 1,366 MiB at 253 and 1,528 MiB at 258, 33x its per-sample
+    slope), and carried down the line such a level halved the safe batch. A level far below is
+    superseded by a nearer one: the line's slope is an average (docs/probe-rules.md, "safe_batch").
+    """
+    levels = sorted((batch, t.peak_bytes) for batch, t in batch_levels(trials).items() if batch <= ceiling)
+
+    def allowed(batch: int) -> bool:
+        below = [(b, peak) for b, peak in levels if b < batch]
+        above_ok = all(peak - (b - batch) * per_sample_bytes <= safe_budget_bytes for b, peak in levels if b >= batch)
+        return above_ok and (not below or below[-1][1] + (batch - below[-1][0]) * per_sample_bytes <= safe_budget_bytes)
+
+    return next((batch for batch in range(ceiling, 0, -1) if allowed(batch)), 0)
+
+
+def level_bounds(trials: Sequence[Trial], safe_budget_bytes: float, per_sample_bytes: float,
+                 ceiling: int) -> list[tuple[int, Trial]]:
+    """For people (tools/bench/answer_failures.py): each level at or below `ceiling` with the batch
+    it allows alone along the memory line, smallest first. line_safe_batch's answer is at most the
+    smallest of those at or above it."""
+    levels = [t for batch, t in batch_levels(trials).items() if batch <= ceiling]
+    bounds = [(t.batch + math.floor((safe_budget_bytes - t.peak_bytes) / per_sample_bytes), t) for t in levels]
     return sorted(bounds, key=lambda pair: pair[0])
 
 

@@ -18,10 +18,17 @@ from edgebatch.errors import ProfileError
 
 #: Bumped when a field changes meaning or a field is added; a reader refuses newer files.
 #: 2: a probe per sequence length adds `per_length`, `token_model` and the trials' `seq_len`.
-SCHEMA_VERSION = 2
+#: 3: safe_batch keeps one measured margin (`headroom`, 3% by default, under the budget already
+#: lowered by the spread between processes) and reads only readings at or below max_batch; before,
+#: a flat 10% and readings above max_batch too, which left it at 0.36-0.63 of max_batch.
+SCHEMA_VERSION = 3
 #: Older versions this edgebatch still reads. Version 2 only added optional fields, so a version-1
 #: file means what it always meant (its answers are not stale for it: fleet/report_flags.py).
-READABLE_SCHEMA_VERSIONS = (1, 2)
+#: A version-1 or -2 safe_batch is smaller than version 3's, never larger: still under the budget.
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+#: The first schema whose safe_batch follows summary.safe_batch_of's rule; a reused older profile
+#: answers from its readings instead (probing/reuse.py).
+SAFE_RULE_SCHEMA = 3
 #: The oldest schema whose answers (max_batch, safe_batch, ...) mean what this one's do: a fleet
 #: report calls profiles of an older schema stale.
 ANSWERS_UNCHANGED_SINCE = 1
@@ -218,9 +225,11 @@ PROFILE_SCHEMA: dict = {
         "budget_bytes": {"type": "integer", "minimum": 1},
         "budget_source": _TEXT,
         "measure": {"enum": ["process_peak", "allocator_peak", "device_used"]},
-        "headroom": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
-        "max_batch": _BATCH,
-        "safe_batch": _BATCH,
+        "headroom": {"type": "number", "minimum": 0, "exclusiveMaximum": 1,
+                     "description": "the share safe_batch's peak keeps under the budget the search judged by"},
+        "max_batch": {**_BATCH, "description": "the largest batch every fresh reading put under the budget: the edge"},
+        "safe_batch": {**_BATCH, "description": "the batch to train with: max_batch less the measured margin "
+                                                "(schema 3; before it, a flat 10% of the budget)"},
         "throughput_knee": {"type": ["integer", "null"], "minimum": 1},
         "memory_model": _MEMORY_MODEL_SCHEMA,
         "predicted_ceiling": _OPTIONAL_COUNT,

@@ -43,13 +43,14 @@ SECTION_END = "<!-- answer_failures:end -->"
 
 def batches_to_count(scenario: dict, methods: list[str], with_truth: bool) -> dict[int, list[str]]:
     """Batch -> what it is, largest batch first: for each of `methods`, the largest answer of its runs
-    ("slow_start") or, with ":safe", the largest safe_batch ("slow_start:safe", safe_batch_of_run);
-    with `with_truth`, the truth's ceiling ("truth")."""
+    ("slow_start") or, with ":safe", the largest safe_batch ("slow_start:safe", safe_batch_of_run),
+    with ":safe_now" the largest the current rule reads from its trial log (profile_safe_batch,
+    whatever the run recorded); with `with_truth`, the truth's ceiling ("truth")."""
     named: dict[int, list[str]] = {}
     for method in methods:
         name, _, part = method.partition(":")
         runs = scenario["runs"].get(name, [])
-        batches = [safe_batch_of_run(run) if part == "safe" else run.get("found") for run in runs]
+        batches = [_batch_of(run, part) for run in runs]
         batches = [b for b in batches if b]
         if batches:
             named.setdefault(max(batches), []).append(method)
@@ -57,6 +58,14 @@ def batches_to_count(scenario: dict, methods: list[str], with_truth: bool) -> di
     if with_truth and ceiling:
         named.setdefault(ceiling, []).append("truth")
     return dict(sorted(named.items(), reverse=True))
+
+
+def _batch_of(run: dict, part: str) -> int | None:
+    if part == "safe":
+        return safe_batch_of_run(run)
+    if part == "safe_now":
+        return safe_batch_of_run({key: value for key, value in run.items() if key != "safe_batch"})
+    return run.get("found")
 
 
 def safe_batch_of_run(run: dict) -> int | None:
@@ -99,8 +108,9 @@ def fit_budget_of_run(run: dict) -> int:
 
 def explain_safe(scenario: dict, method: str = "slow_start", shown: int = 3) -> list[str]:
     """Why the largest answer's run of `method` has the safe_batch it has: its budget before and
-    after the spread lowered it, its memory line, and the `shown` anchors that allow least
-    (summary.anchor_bounds)."""
+    after the spread lowered it, its memory line, and of the levels that decide it (those at or
+    above it and the nearest below: summary.line_safe_batch), the `shown` that allow least
+    (summary.level_bounds)."""
     from edgebatch.probing import api, summary
 
     runs = [run for run in scenario["runs"].get(method, []) if run.get("found") and run.get("trial_log")]
@@ -115,8 +125,12 @@ def explain_safe(scenario: dict, method: str = "slow_start", shown: int = 3) -> 
     if model is None or model.per_sample_bytes <= 0:
         return lines + ["  no trusted memory line: the largest fit under the reduced budget"]
     lines.append(f"  line {model.fixed_bytes / MIB:,.1f} MiB + {model.per_sample_bytes / MIB:.4f} MiB per sample")
-    for bound, trial in summary.anchor_bounds(trials, budget, api.ProbeRequest().headroom,
-                                              model.per_sample_bytes)[:shown]:
+    safe = profile_safe_batch(trials, budget, run["found"])
+    bounds = summary.level_bounds(trials, budget * (1 - api.ProbeRequest().headroom), model.per_sample_bytes,
+                                  run["found"])
+    below = [pair for pair in bounds if pair[1].batch < safe]
+    deciding = [pair for pair in bounds if pair[1].batch >= safe] + sorted(below, key=lambda p: p[1].batch)[-1:]
+    for bound, trial in sorted(deciding, key=lambda pair: pair[0])[:shown]:
         lines.append(f"  allows {bound}: {trial.batch} read at {trial.peak_bytes / MIB:,.1f} MiB in a {_where(trial)} "
                      f"({(trial.peak_bytes - model.predict_bytes(trial.batch)) / MIB:+,.1f} MiB from the line)")
     return lines
@@ -240,7 +254,8 @@ def render(data: dict) -> str:
         span = f"{_peak_mib(min(peaks))}-{_peak_mib(max(peaks))}" if peaks else "-"
         limit = (f"cap +{row['headroom_bytes'] / MIB:.0f} MiB" if row.get("headroom_bytes")
                  else f"{row['budget_bytes'] / MIB:,.0f} MiB")
-        what = ", ".join(name.replace(":safe", " safe_batch") for name in row["answer_of"])
+        what = ", ".join(name.replace(":safe_now", " safe_batch (schema 3 rule)").replace(":safe", " safe_batch")
+                         for name in row["answer_of"])
         rows.append(f"| {row['scenario']} | {limit} | {row['batch']} | {what} | "
                     f"{row['over']} / {row['processes']} | {row['share_upper']:.0%} | {span} |")
     return "\n".join([
@@ -272,7 +287,8 @@ def main() -> int:
                         help=f"new processes per batch (default {ANSWER_PROCESSES})")
     parser.add_argument("--methods", default="slow_start,slow_start:safe",
                         help="comma-separated methods whose largest answer is counted; METHOD:safe counts its "
-                             "largest safe_batch, the batch the profile gives training (default %(default)s)")
+                             "largest safe_batch, the batch the profile gives training, METHOD:safe_now the one "
+                             "this edgebatch's rule reads from the run's trials (default %(default)s)")
     parser.add_argument("--truth", action="store_true", help="count the truth's ceiling too")
     parser.add_argument("--scenarios", default="",
                         help="comma-separated parts of scenario names to keep (default: every scenario)")
