@@ -43,6 +43,8 @@ KEPT_SOURCES = {
                     "--rounds {rounds} --benchmarks-md BENCHMARKS.md"),
     "answer_failures": ("answer_failures.json", "python tools/bench/answer_failures.py {results} --truth --methods "
                         "slow_start,slow_start:safe,binsearch,binsearch_checked --benchmarks-md BENCHMARKS.md"),
+    "end_to_end_bench": ("end_to_end.json",
+                         "python tools/bench/end_to_end_bench.py {results} --benchmarks-md BENCHMARKS.md"),
 }
 
 
