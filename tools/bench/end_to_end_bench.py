@@ -29,7 +29,9 @@ with weights within 1e-4 of the plain loop.
     python tools/bench/end_to_end_bench.py tools/bench/results/results.json \\
         --scenarios "dense_wide, 1.37" --scenarios "small_cnn, 1.5" --benchmarks-md BENCHMARKS.md
 
-`--from-json` renders a kept measurement again; given with a results file and `--scenarios`,
+`--order-check MODEL_SPEC EFFECTIVE_BATCH` trains nothing governed: it prints how far the plain loop's
+final weights move when each update's gradient is summed from two halves (float order alone), under
+Adam and SGD. `--from-json` renders a kept measurement again; given with a results file and `--scenarios`,
 the new scenarios are added to it (a scenario measured again replaces its row). A new process
 costs a TensorFlow import: dense_wide ~8 s, small_cnn ~11 s on the 2-core AMD EPYC hosts, so a
 scenario takes 5-15 minutes. Run it on the machine kind the results came from.
@@ -302,6 +304,38 @@ def probe_child(spec_path: Path) -> int:
     profile = edgebatch.probe(spec["model_spec"], save=False, force=True, progress=None, **options)
     Path(spec["out"]).write_text(json.dumps(profile.to_dict()))
     return 0
+
+
+def order_check(model_spec: str, effective_batch: int) -> dict:
+    """`--order-check`: the plain loop as it is against the same loop with each update's gradient
+    summed from two halves (what fit's accumulation computes over two micro-batches), under Adam
+    (the runs' optimizer) and SGD: how far float summation order alone moves the final weights."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    plan = TrainingPlan(model_spec, {}, effective_batch, UPDATES, None)
+
+    def weights(optimizer, halves: bool) -> list:
+        model, data = _model_and_data(plan, tf, keras)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+        for x, y in data.batch(plan.effective_batch):
+            n = int(x.shape[0])
+            grads = None
+            for lo, hi in ([(0, n // 2), (n // 2, n)] if halves else [(0, n)]):
+                with tf.GradientTape() as tape:
+                    value = loss_fn(y[lo:hi], model(x[lo:hi], training=True)) / n  # the mean over the update
+                part = tape.gradient(value, model.trainable_variables)
+                grads = part if grads is None else [a + b for a, b in zip(grads, part)]
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return [np.asarray(w) for w in model.get_weights()]
+
+    out = {"model": model_spec, "effective_batch": effective_batch, "updates": UPDATES}
+    for name, make in (("adam_1e-3", lambda: keras.optimizers.Adam(1e-3)), ("sgd_1e-2", lambda: keras.optimizers.SGD(1e-2))):
+        whole, halves = weights(make(), False), weights(make(), True)
+        out[name] = max(float(np.max(np.abs(a - b))) for a, b in zip(whole, halves))
+    return out
 
 
 # ---------------------------------------------------------------- the parent: counting and training
@@ -635,6 +669,9 @@ CHILDREN = {"--train-child": "train_child", "--plain-child": "plain_child", "--p
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] in CHILDREN:
         return globals()[CHILDREN[sys.argv[1]]](Path(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--order-check":  # MODEL_SPEC EFFECTIVE_BATCH: prints JSON
+        print(json.dumps(order_check(sys.argv[2], int(sys.argv[3]))))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", type=Path, nargs="?", help="a results file of tools/bench/run.py --only probe")
     parser.add_argument("--scenarios", action="append", default=[],
