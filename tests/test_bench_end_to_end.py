@@ -93,7 +93,7 @@ def test_the_targets_read_the_issues_thresholds():
     row = measured_row([training_run() for _ in range(10)])
     met = bench.targets(row)
     assert all(target["met"] for target in met.values()), met
-    assert met["safe_batch"]["detail"] == "0.99-0.99 x C20 over 2 runs"
+    assert met["safe_batch"]["detail"] == "253-253 = 0.988-0.988 x C20 over 2 runs"
 
     low = bench.targets(measured_row([training_run(mean=200.0)] * 9 + [training_run(peak=1401 * MIB)], safes=(253, 210)))
     assert not low["safe_batch"]["met"] and not low["mean_micro_batch"]["met"]
@@ -101,9 +101,11 @@ def test_the_targets_read_the_issues_thresholds():
 
     capped = bench.targets(measured_row([training_run(kills=1)] + [training_run()] * 9, headroom=300 * MIB))
     assert capped["peak"] == {"met": True, "detail": "1 kills in 10 runs"}
+    edge = bench.targets(measured_row([training_run(mean=326.0)] * 10, c20=354, safes=(300, 326)))
+    assert not edge["safe_batch"]["met"] and edge["safe_batch"]["detail"] == "300-326 = 0.847-0.921 x C20 over 2 runs"
     probed = measured_row([training_run()] * 10, safes=(253, 253))
     probed.update(profile_source="probe", safe_batches=[300])
-    assert bench.targets(probed)["safe_batch"] == {"met": True, "detail": "1.17 x C20"}
+    assert bench.targets(probed)["safe_batch"] == {"met": True, "detail": "300 = 1.172 x C20"}
     off = bench.targets(measured_row([training_run(diff=2e-4)] + [training_run(completed=False)] + [training_run()] * 8))
     assert off["completed_exact"] == {"met": False, "detail": "8 of 10; largest diff 2.0e-04"}
 
@@ -122,7 +124,7 @@ def test_the_section_names_what_ran_what_did_not_and_each_target():
     assert "## 15. End to end" in text and "commit abc1234" in text
     assert "Ran: dense_wide, 1.37 GiB resident budget. Not run: small_cnn, 1.5 GiB resident budget." in text
     assert "| abc1234, 2026-12-07 | 256 (262: 1 over in 1, 256: 0 over in 20) | section 1 trial logs: 253, 253 |" in text
-    assert "met: 253.0 = 0.99 x C20" in text and "met: 10 of 10 within the budget" in text
+    assert "met: 253.0 = 0.988 x C20" in text and "met: 10 of 10 within the budget" in text
     assert text.count("| dense_wide, 1.37 GiB resident budget | ") == 11  # the targets row and 10 runs
     probed = {**row, "profile_source": "probe", "safe_batches": [300],
               "training_plan": {**row["training_plan"], "profile_from": "a new probe", "safe_batch": 300}}

@@ -528,12 +528,14 @@ def targets(row: dict) -> dict:
     out = {}
     if c20 and safes:
         out["safe_batch"] = {"met": min(safes) >= TARGET_RATIO * c20,
-                             "detail": (f"{min(safes) / c20:.2f}-{max(safes) / c20:.2f} x C20 over {len(safes)} runs"
-                                        if len(safes) > 1 else f"{safes[0] / c20:.2f} x C20")}
+                             # three decimals: 300 of 354 is 0.847, which two would show as 0.85
+                             "detail": (f"{min(safes)}-{max(safes)} = {min(safes) / c20:.3f}-{max(safes) / c20:.3f} "
+                                        f"x C20 over {len(safes)} runs" if len(safes) > 1
+                                        else f"{safes[0]} = {safes[0] / c20:.3f} x C20")}
     means = [r["mean_micro_batch"] for r in runs if r["mean_micro_batch"]]
     if c20 and means:
         mean = sum(means) / len(means)
-        out["mean_micro_batch"] = {"met": mean >= TARGET_RATIO * c20, "detail": f"{mean:.1f} = {mean / c20:.2f} x C20"}
+        out["mean_micro_batch"] = {"met": mean >= TARGET_RATIO * c20, "detail": f"{mean:.1f} = {mean / c20:.3f} x C20"}
     if runs:
         kills = sum(r["kills"] for r in runs)
         if capped:
