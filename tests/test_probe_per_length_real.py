@@ -12,7 +12,7 @@ comparison, with the probe's default trials, is tools/bench/seq_len_bench.py (BE
 import pytest
 
 from edgebatch.probing import probe, token_fit
-from edgebatch.probing.margins import PER_LENGTH_HEADROOM, fit_budget_bytes
+from edgebatch.probing.margins import fit_budget_bytes
 from edgebatch.profiles import load_profile
 
 MIB = 1024**2
@@ -49,7 +49,6 @@ def test_each_length_has_its_ceiling_and_the_short_one_is_higher(profile):
         assert ceiling.safe_batch < ceiling.max_batch and ceiling.peak_bytes <= fit_budget_bytes(BUDGET)
     # On top: the longest length's answer, which every shorter length fits too.
     assert (found.max_batch, found.safe_batch) == (long.max_batch, long.safe_batch)
-    assert found.headroom == PER_LENGTH_HEADROOM  # fit's own memory per length (margins.py)
     assert {t.seq_len for t in found.trials} == set(LENGTHS)
     assert found.model["inputs"] == [{"shape": [None], "dtype": "int32"}]
     assert "-len32-128-" in found.model_key and found.search["seq_lens"] == list(LENGTHS)

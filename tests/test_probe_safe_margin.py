@@ -127,16 +127,3 @@ def test_a_committed_profile_read_by_this_rule_trains_at_least_its_recorded_batc
                                  model, profile.max_batch)
     assert profile.schema_version < 3 and profile.headroom == 0.10  # written by the older rule
     assert profile.safe_batch <= safe <= profile.max_batch
-
-
-def test_the_default_headroom_is_3_percent_and_10_for_a_probe_per_length():
-    from edgebatch.errors import UsageError
-    from edgebatch.probing.api import ProbeRequest
-    from edgebatch.probing.margins import PER_LENGTH_HEADROOM, default_headroom
-
-    assert default_headroom(per_length=False) == DEFAULT_HEADROOM == 0.03
-    assert default_headroom(per_length=True) == PER_LENGTH_HEADROOM == 0.10
-    assert ProbeRequest().headroom is None  # resolved per probe (ProbeRun.headroom)
-    ProbeRequest(headroom=0.2).validate()
-    with pytest.raises(UsageError, match="--headroom must be in"):
-        ProbeRequest(headroom=1.5).validate()

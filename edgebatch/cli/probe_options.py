@@ -53,10 +53,10 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
                      help="Never try a batch above this (--max-batch is an older name for it)."),
         click.option("--multiple", type=click.IntRange(min=1), default=_DEFAULTS.multiple, show_default=True,
                      help="Batch sizes are multiples of this (e.g. 8, or the replica count)."),
-        click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=None,
-                     show_default="0.03; 0.1 with --seq-lens",
-                     help="safe_batch's peak stays this share under the budget, beyond the spread measured "
-                          "between processes: a peak's rise after its trial (with --seq-lens, fit's own memory)."),
+        click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULTS.headroom,
+                     show_default=True,
+                     help="safe_batch's peak stays this share under the budget (beyond the spread "
+                          "measured between processes); the default covers a peak's rise after its trial."),
         click.option("--steps-per-trial", type=click.IntRange(min=1), default=_DEFAULTS.steps_per_trial,
                      show_default=True, help="Timed training steps per trial, after one warm-up step."),
         click.option("--trial-seconds", type=click.FloatRange(min=0, min_open=True),

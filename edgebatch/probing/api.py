@@ -30,7 +30,7 @@ from edgebatch.probing.budget import (
 )
 from edgebatch.probing.build_profile import profile_of
 from edgebatch.probing.fresh_workers import REPEAT_STEPS, FreshWorkers, spare_setup
-from edgebatch.probing.margins import bump_edge_fraction
+from edgebatch.probing.margins import DEFAULT_HEADROOM, bump_edge_fraction
 from edgebatch.probing.outcomes import ANSWER_READINGS, DEFAULT_MAX_BATCH_LIMIT, DEFAULT_START_BATCH, DEFAULT_TOLERANCE
 from edgebatch.probing.probe_run import ProbeRun
 from edgebatch.probing.readings import Progress
@@ -76,8 +76,7 @@ class ProbeRequest:
     start: int = DEFAULT_START_BATCH
     max_batch_limit: int = DEFAULT_MAX_BATCH_LIMIT
     multiple: int = 1
-    # None: margins.default_headroom for the probe (ProbeRun.headroom).
-    headroom: float | None = None
+    headroom: float = DEFAULT_HEADROOM
     steps_per_trial: int = DEFAULT_STEPS_PER_TRIAL
     trial_seconds: float = DEFAULT_TRIAL_SECONDS
     # TensorFlow inter-op threads in the workers (0: TensorFlow's own pool); see worker.DEFAULT_INTER_OP_THREADS.
@@ -122,7 +121,7 @@ class ProbeRequest:
             raise UsageError(f"unknown optimizer {self.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
         if self.optimize not in OPTIMIZATIONS:
             raise UsageError(f"unknown --optimize {self.optimize!r}: choose one of {', '.join(OPTIMIZATIONS)}")
-        if self.headroom is not None and not 0 <= self.headroom < 1:
+        if not 0 <= self.headroom < 1:
             raise UsageError(f"--headroom must be in [0, 1), got {self.headroom!r}")
         if not 0 < self.tolerance < 1:
             raise UsageError(f"--tolerance must be in (0, 1), e.g. 0.05 for 5%, got {self.tolerance!r}")
@@ -398,7 +397,7 @@ def _reuse_problem(cached: DeviceProfile, run: ProbeRun) -> str | None:
         cached_headroom=cached.headroom,
         cached_budget_bytes=cached.budget_bytes,
         requested_search=run.request.search_settings(run.lengths),
-        requested_headroom=run.headroom,
+        requested_headroom=run.request.headroom,
         requested_budget_bytes=run.budget.bytes,
         cached_per_length=bool(cached.per_length),
     )
@@ -411,7 +410,7 @@ def _reused(cached: DeviceProfile, run: ProbeRun, progress: Progress) -> DeviceP
     request, budget = run.request, run.budget
     where = run.directory / cached.path_name
     problem = _reuse_problem(cached, run)
-    same_rule = safe_rule_matches(cached.schema_version, cached.headroom, run.headroom)
+    same_rule = safe_rule_matches(cached.schema_version, cached.headroom, request.headroom)
     if problem is None and not answered_from_readings(cached.budget_bytes, budget.bytes, bool(cached.per_length),
                                                       same_rule):
         progress(f"reusing cached profile {where}: same device, model and settings, budget within "
@@ -419,7 +418,7 @@ def _reused(cached: DeviceProfile, run: ProbeRun, progress: Progress) -> DeviceP
         return cached
     if problem is None:
         question = budget_answer.question_at(cached.budget_bytes, budget.bytes, budget.fit_bytes,
-                                             headroom=run.headroom, multiple=request.multiple,
+                                             headroom=request.headroom, multiple=request.multiple,
                                              tolerance=request.tolerance)
         answer = budget_answer.answer_at(cached.trials, cached.memory_model, question, cached.max_batch,
                                           cached.safe_batch if same_rule else None)

@@ -43,7 +43,7 @@ def per_length_profile(run: ProbeRun, by_length: dict[int, tuple[list[Trial], in
             f"no batch of {request.multiple} or more fits the budget of {format_bytes(run.budget.bytes)} on "
             f"{run.device} at {missing[0]} tokens: raise --memory-budget, probe shorter --seq-lens, or lower --multiple"
         )
-    lengths_summary = per_length.summarise_lengths(by_length, run.budget.fit_bytes, run.headroom, request.multiple)
+    lengths_summary = per_length.summarise_lengths(by_length, run.budget.fit_bytes, request.headroom, request.multiple)
     longest = max(by_length)
     trials = [trial for length_trials, _ in by_length.values() for trial in length_trials]
     profile = build_profile(run, by_length[longest][0], by_length[longest][1], probe_seconds,
@@ -60,7 +60,7 @@ def build_profile(run: ProbeRun, trials: list[Trial], max_batch: int, probe_seco
     model = model if model is not None else summary.memory_model_of(trials)
     # One reading of the trials for both: the safe batch stays under the search's answer and under
     # every failure that counts (summary.safe_batch_of), with no fallback of its own.
-    safe = summary.safe_batch_of(trials, fit_budget, run.headroom, request.multiple, model, max_batch)
+    safe = summary.safe_batch_of(trials, fit_budget, request.headroom, request.multiple, model, max_batch)
     predicted = model.batch_for_bytes(fit_budget) if model is not None and model.per_sample_bytes > 0 else None
     return DeviceProfile(
         schema_version=SCHEMA_VERSION,
@@ -81,7 +81,7 @@ def build_profile(run: ProbeRun, trials: list[Trial], max_batch: int, probe_seco
         budget_bytes=run.budget.bytes,
         budget_source=run.budget.source,
         measure=run.measure,
-        headroom=run.headroom,
+        headroom=request.headroom,
         max_batch=max_batch,
         safe_batch=safe if safe is not None else request.multiple,  # None only when no fit lies below a failure
         throughput_knee=summary.throughput_knee_of(trials, fit_budget),

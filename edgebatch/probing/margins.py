@@ -29,18 +29,9 @@ MEASUREMENT_MARGIN_ONE_THREAD = 0.01
 # thread (docs/probe-rules.md, "keep_stepping"). A rarer draw is the governor's and the
 # supervisor's to catch (docs/probe-rules.md, "safe_batch").
 DEFAULT_HEADROOM = 0.03
-# A probe per sequence length keeps 10%: training with fit at the longest length's safe batch for
-# every piece (10% rule) peaked at 99% of the budget, fit's accumulator and token data beside the
-# bare step the token model predicts (BENCHMARKS.md section 12).
-PER_LENGTH_HEADROOM = 0.10
 # Below a limit the budget does not see (an address-space cap), safe_batch keeps this share of the
 # edge clear: the edge moved by a few percent between processes (summary.hidden_limit_edge_of).
 HIDDEN_LIMIT_MARGIN = 0.10
-
-
-def default_headroom(per_length: bool) -> float:
-    """--headroom where the user gave none: PER_LENGTH_HEADROOM for a probe per length, else DEFAULT_HEADROOM."""
-    return PER_LENGTH_HEADROOM if per_length else DEFAULT_HEADROOM
 
 
 def measurement_margin(inter_op_threads: int) -> float:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgebatch.probing.budget import Budget, DeviceFacts
-from edgebatch.probing.margins import default_headroom
 from edgebatch.probing.worker import BASELINE_FIELDS
 
 if TYPE_CHECKING:
@@ -38,11 +37,6 @@ class ProbeRun:
     fingerprint: str
     key: str
     model_facts: dict | None = None
-
-    @property
-    def headroom(self) -> float:
-        """The request's --headroom, or margins.default_headroom for this probe."""
-        return self.request.headroom if self.request.headroom is not None else default_headroom(bool(self.lengths))
 
     @property
     def measure(self) -> str:

@@ -82,10 +82,9 @@ def safe_batch_of_run(run: dict) -> int | None:
 def profile_safe_batch(trials, fit_budget_bytes: int, found: int) -> int | None:
     """build_profile.build_profile's safe_batch of these trials: summary.safe_batch_of at the default
     headroom, multiple 1, with the trials' own memory model."""
-    from edgebatch.probing import summary
-    from edgebatch.probing.margins import DEFAULT_HEADROOM
+    from edgebatch.probing import api, summary
 
-    return summary.safe_batch_of(trials, fit_budget_bytes, DEFAULT_HEADROOM, 1,
+    return summary.safe_batch_of(trials, fit_budget_bytes, api.ProbeRequest().headroom, 1,
                                  summary.memory_model_of(trials), found)
 
 
@@ -112,8 +111,7 @@ def explain_safe(scenario: dict, method: str = "slow_start", shown: int = 3) -> 
     after the spread lowered it, its memory line, and of the levels that decide it (those at or
     above it and the nearest below: summary.line_safe_batch), the `shown` that allow least
     (summary.level_bounds)."""
-    from edgebatch.probing import summary
-    from edgebatch.probing.margins import DEFAULT_HEADROOM
+    from edgebatch.probing import api, summary
 
     runs = [run for run in scenario["runs"].get(method, []) if run.get("found") and run.get("trial_log")]
     if not runs:
@@ -128,7 +126,7 @@ def explain_safe(scenario: dict, method: str = "slow_start", shown: int = 3) -> 
         return lines + ["  no trusted memory line: the largest fit under the reduced budget"]
     lines.append(f"  line {model.fixed_bytes / MIB:,.1f} MiB + {model.per_sample_bytes / MIB:.4f} MiB per sample")
     safe = profile_safe_batch(trials, budget, run["found"])
-    bounds = summary.level_bounds(trials, budget * (1 - DEFAULT_HEADROOM), model.per_sample_bytes,
+    bounds = summary.level_bounds(trials, budget * (1 - api.ProbeRequest().headroom), model.per_sample_bytes,
                                   run["found"])
     below = [pair for pair in bounds if pair[1].batch < safe]
     deciding = [pair for pair in bounds if pair[1].batch >= safe] + sorted(below, key=lambda p: p[1].batch)[-1:]
