@@ -27,6 +27,9 @@ MIB = 1024**2
 # ceiling near 340, inside the 100-400 range the issue asks for.
 SMALL_CNN_BUDGET = 1536 * MIB
 TRUTH_STEPS = 10
+# What a trial may read under a long run's peak: measured up to 1.9% (docs/probe-rules.md,
+# "trial.keep_stepping"); safe_batch's headroom holds it.
+LATE_RISE_FRACTION = 0.03
 
 pytestmark = pytest.mark.slow
 
@@ -297,9 +300,8 @@ def test_with_one_inter_op_thread_a_trial_ends_within_the_headroom_of_the_long_r
     climbed 1-2% over 16 steps, and once rose 1.2% after four flat steps. A trial's own rule
     (trial.keep_stepping: steps until SETTLE_STEPS steps without a rise, past --trial-seconds where
     steps are short) must end on a reading within the headroom safe_batch keeps for such a rise
-    (margins.DEFAULT_HEADROOM) of the 16-step peak, quiet host or busy
+    (LATE_RISE_FRACTION, part of margins.DEFAULT_HEADROOM) of the 16-step peak, quiet host or busy
     (tests/support/op_schedule_check.py, the script this test runs; docs/probe-rules.md)."""
-    from edgebatch.probing.margins import DEFAULT_HEADROOM
     from edgebatch.probing.trial import keep_stepping
     from edgebatch.probing.worker import DEFAULT_STEPS_PER_TRIAL, DEFAULT_TRIAL_SECONDS
 
@@ -317,4 +319,4 @@ def test_with_one_inter_op_thread_a_trial_ends_within_the_headroom_of_the_long_r
         timings.append(step_seconds)
         seen = peaks[: len(seen) + 1]
     print(peaks, step_seconds, f"trial ends after {len(timings)} steps at {seen[-1]} MiB")
-    assert max(peaks) <= seen[-1] * (1 + DEFAULT_HEADROOM)
+    assert max(peaks) <= seen[-1] * (1 + LATE_RISE_FRACTION)

@@ -324,7 +324,7 @@ def test_the_probe_says_why_it_reused_or_probed_again(tmp_path):
     assert "its readings answer this smaller budget" in line and below.budget_bytes == 2 * 1024**3
     assert below.max_batch == first.max_batch and below.created_at == first.created_at
     wider, line = _probe_until_decided(tmp_path, memory_budget="4GiB", max_batch_limit=32, headroom=0.5)
-    assert "it was probed with --headroom 3%, its readings answer this probe's 50%" in line
+    assert "it was probed with --headroom 10%, its readings answer this probe's 50%" in line
     assert wider.headroom == 0.5 and wider.max_batch == first.max_batch and wider.safe_batch <= first.safe_batch
     assert sorted(tmp_path.iterdir()) == saved, "a stopped probe writes nothing"
     _reuse_with_a_scout_that_never_gets_ready(tmp_path, first)

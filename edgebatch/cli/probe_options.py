@@ -55,8 +55,8 @@ def search_options(*, budget_help: str | None = None, budget_envvar: str | None 
                      help="Batch sizes are multiples of this (e.g. 8, or the replica count)."),
         click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULTS.headroom,
                      show_default=True,
-                     help="safe_batch's peak stays this share under the budget (beyond the spread "
-                          "measured between processes); the default covers a peak's rise after its trial."),
+                     help="safe_batch's peak stays this share under the budget, beyond the spread measured "
+                          "between processes: for what training adds to the probe's bare step."),
         click.option("--steps-per-trial", type=click.IntRange(min=1), default=_DEFAULTS.steps_per_trial,
                      show_default=True, help="Timed training steps per trial, after one warm-up step."),
         click.option("--trial-seconds", type=click.FloatRange(min=0, min_open=True),

@@ -87,9 +87,9 @@ def safe_batch_of(
 ) -> int | None:
     """Largest batch whose peak fits budget x (1 - headroom), never above the edge or `max_batch`.
 
-    One margin, the measured one: the spread between fresh processes is in the budget the search
-    judged by (judged_budget_bytes), and `headroom` (margins.DEFAULT_HEADROOM) covers what a peak
-    still rises after its trial ends; the governor and the supervisor catch a rarer draw.
+    The spread between fresh processes is in the budget the search judged by
+    (judged_budget_bytes), counted once; `headroom` (margins.DEFAULT_HEADROOM) holds what training
+    adds to the probe's bare step.
 
     The edge is max_batch_of's; `max_batch` is the search's answer when one is given (a peer's
     finder can answer above a failure, the safe batch still stays under it). With a memory model,

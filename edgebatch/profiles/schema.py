@@ -18,9 +18,9 @@ from edgebatch.errors import ProfileError
 
 #: Bumped when a field changes meaning or a field is added; a reader refuses newer files.
 #: 2: a probe per sequence length adds `per_length`, `token_model` and the trials' `seq_len`.
-#: 3: safe_batch keeps one measured margin (`headroom`, 3% by default, under the budget already
-#: lowered by the spread between processes) and reads only readings at or below max_batch; before,
-#: a flat 10% and readings above max_batch too, which left it at 0.36-0.63 of max_batch.
+#: 3: safe_batch reads each batch at its highest new-process reading, only at or below max_batch,
+#: with the spread between processes counted once (summary.line_safe_batch); before, every reading
+#: (children's and those above max_batch too), which left it at 0.36-0.63 of max_batch.
 SCHEMA_VERSION = 3
 #: Older versions this edgebatch still reads. Version 2 only added optional fields, so a version-1
 #: file means what it always meant (its answers are not stale for it: fleet/report_flags.py).
@@ -228,8 +228,8 @@ PROFILE_SCHEMA: dict = {
         "headroom": {"type": "number", "minimum": 0, "exclusiveMaximum": 1,
                      "description": "the share safe_batch's peak keeps under the budget the search judged by"},
         "max_batch": {**_BATCH, "description": "the largest batch every fresh reading put under the budget: the edge"},
-        "safe_batch": {**_BATCH, "description": "the batch to train with: max_batch less the measured margin "
-                                                "(schema 3; before it, a flat 10% of the budget)"},
+        "safe_batch": {**_BATCH, "description": "the batch to train with: at most max_batch, its readings "
+                                                "along the memory line under the budget less the headroom"},
         "throughput_knee": {"type": ["integer", "null"], "minimum": 1},
         "memory_model": _MEMORY_MODEL_SCHEMA,
         "predicted_ceiling": _OPTIONAL_COUNT,

@@ -2,9 +2,9 @@
 
 Reads a results file of `tools/bench/run.py --only probe` (by default the kept
 `tools/bench/results/results.json`), rebuilds each slow_start run's trials from its trial log and
-summarises them twice: by `summary.safe_batch_of` as it is now (headroom margins.DEFAULT_HEADROOM,
-readings at or below max_batch) and by the rule before schema 3 (a flat 10% headroom, every
-reading an anchor, replayed here). The older rule's replay must give the safe_batch each run
+summarises them twice: by `summary.safe_batch_of` as it is now (schema 3: each batch at its
+highest new-process reading, only readings at or below max_batch) and by the rule before schema 3
+(every reading an anchor, replayed here), both at the default 10% headroom. The older rule's replay must give the safe_batch each run
 recorded; the script says where it does not. Each row: the scenario's true ceiling (fresh
 processes, section 1), max_batch, both safe batches and their shares of the ceiling.
 
@@ -91,7 +91,7 @@ def main() -> None:
     if args.markdown:
         print("\n".join(markdown(rows)))
         return
-    print(f"{'scenario':<45} {'truth':>6} {'max':>12} {'safe 10%':>14} {'safe now':>14}  old/truth new/truth")
+    print(f"{'scenario':<45} {'truth':>6} {'max':>12} {'safe v2':>14} {'safe v3':>14}  v2/truth v3/truth")
     for row in rows:
         runs = row["runs"]
         print(f"{row['scenario']:<45} {row['true_ceiling']:>6} {_span(r['max_batch'] for r in runs):>12} "
@@ -104,7 +104,8 @@ def main() -> None:
 
 
 def markdown(rows: list[dict]) -> list[str]:
-    lines = ["| scenario | true ceiling | max_batch | safe_batch, 10% rule | safe_batch now | older / truth | now / truth |",
+    lines = ["| scenario | true ceiling | max_batch | safe_batch, schema 2 | safe_batch, schema 3 | schema 2 / truth "
+             "| schema 3 / truth |",
              "|---|---|---|---|---|---|---|"]
     for row in rows:
         runs = row["runs"]
