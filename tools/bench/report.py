@@ -507,8 +507,9 @@ def header_lines(results: dict, kept: list[str], relative: Path) -> list[str]:
         + (f"; sections {first_kept} and on are each written by their own script, between start and end markers "
            "(HTML comments) that run.py keeps as they stand" if first_kept else "")
         + ". Rerun a section's command to refresh it; do not edit by hand."
-        + (f" One block is written by hand, and says so: the reading under section {', '.join(by_hand)}."
-           if by_hand else ""),
+        + (f" One block is written by hand, and says so: the reading under section {by_hand[0]}." if len(by_hand) == 1
+           else f" {len(by_hand)} blocks are written by hand, and say so: the readings under sections "
+                f"{', '.join(by_hand[:-1])} and {by_hand[-1]}." if by_hand else ""),
         "",
         *_table(["section", "what", "run at (commit, date)", "command that reproduces it"], rows),
     ]
