@@ -51,7 +51,8 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import MIB, RESULTS_DIR, capped_malloc_arenas, child_env, environment, log, publish_section, write_json
+from harness import (MIB, RESULTS_DIR, capped_malloc_arenas, child_env, environment, log, publish_section, status_bytes,
+                     write_json)
 
 SECTION_START = "<!-- end_to_end_bench:start -->"
 SECTION_END = "<!-- end_to_end_bench:end -->"
@@ -189,14 +190,6 @@ class TrainingPlan:
 
 # ---------------------------------------------------------------- children (run with --train-child / --plain-child)
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def _model_and_data(plan: TrainingPlan, tf, keras):
     """The seeded model and its examples: example i is drawn from the stateless seed (seed, i), so
     every process, resumed or plain, sees the same examples in the same order without holding them."""
@@ -242,13 +235,13 @@ def train_child(spec_path: Path) -> int:
     profile = build_profile_from_record(plan.profile)
     governor = edgebatch.Governor.from_profile(profile, plan.effective_batch, model=model)
     if plan.headroom_bytes is not None:  # the truth's cap: this process's size now + the headroom
-        resource.setrlimit(resource.RLIMIT_AS, (_status_bytes("VmSize") + plan.headroom_bytes, resource.RLIM_INFINITY))
+        resource.setrlimit(resource.RLIMIT_AS, (status_bytes("VmSize") + plan.headroom_bytes, resource.RLIM_INFINITY))
 
     def on_update(record) -> None:
         with (work / "updates.jsonl").open("a") as out:
             out.write(json.dumps({"restart": restart, "update": record.update,
                                   "micro_batches": list(record.micro_batches), "oom_events": record.oom_events,
-                                  "peak_bytes": _status_bytes("VmHWM")}) + "\n")
+                                  "peak_bytes": status_bytes("VmHWM")}) + "\n")
 
     from edgebatch.training import Checkpointing
 
@@ -259,7 +252,7 @@ def train_child(spec_path: Path) -> int:
                            checkpointing=Checkpointing(str(work / "ckpt"), every_updates=CHECKPOINT_EVERY_UPDATES))
     np.savez(work / "weights.npz", *[np.asarray(w) for w in model.get_weights()])
     (work / f"done-{restart}.json").write_text(json.dumps({
-        "restart": restart, "peak_bytes": _status_bytes("VmHWM"), "oom_events": len(report.oom_events),
+        "restart": restart, "peak_bytes": status_bytes("VmHWM"), "oom_events": len(report.oom_events),
         "updates": report.final_progress.updates if hasattr(report.final_progress, "updates") else None}))
     return 0
 

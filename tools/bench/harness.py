@@ -166,6 +166,15 @@ def run_child(args: Sequence[str], timeout_seconds: float) -> ChildResult:
     return ChildResult(reply, done.returncode, time.perf_counter() - started, "\n".join(lines[-3:])[-400:])
 
 
+def status_bytes(field: str) -> int:
+    """A size from this process's /proc/self/status (VmHWM, VmSize, ...), in bytes."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
 def send_reply(reply: dict) -> None:
     """A child's answer to run_child."""
     sys.stdout.write(CHILD_PREFIX + json.dumps(reply) + "\n")

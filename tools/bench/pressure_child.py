@@ -21,15 +21,7 @@ import resource
 import sys
 import time
 
-from harness import send_reply
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
+from harness import send_reply, status_bytes
 
 
 def main(argv: list[str]) -> int:
@@ -51,7 +43,7 @@ def main(argv: list[str]) -> int:
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
     # The same cap as the probe's workers and the truth runs: this process's size now + headroom.
-    resource.setrlimit(resource.RLIMIT_AS, (_status_bytes("VmSize") + headroom, resource.RLIM_INFINITY))
+    resource.setrlimit(resource.RLIMIT_AS, (status_bytes("VmSize") + headroom, resource.RLIM_INFINITY))
     started = time.perf_counter()
     if mode == "static":
         reply = _static(model, loss, optimizer, x, y, batch, updates, tf)
