@@ -33,6 +33,7 @@ from edgebatch.profiles import (
     store,
 )
 from edgebatch.profiles.location import ProfileURL, is_url
+from edgebatch.profiles import temp_files
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -427,7 +428,7 @@ def test_only_temp_files_of_dead_local_writers_are_swept(file_url):
     save_profile(profile, file_url)
     dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_pid.wait()
-    host = store._writer_label()
+    host = temp_files.writer_label()
     names = {
         "dead": f".{profile.path_name}.{host}.{dead_pid.pid}.0a1b2c.tmp",
         "alive": f".{profile.path_name}.{host}.{os.getpid()}.0a1b2c.tmp",

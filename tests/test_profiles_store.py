@@ -10,6 +10,7 @@ import pytest
 
 import edgebatch.files as files
 import edgebatch.profiles.store as store
+import edgebatch.profiles.temp_files as temp_files
 from edgebatch.errors import ProfileError, UsageError
 from edgebatch.profiles import (
     PROFILES_ENV_VAR,
@@ -285,6 +286,6 @@ def test_temp_file_names_carry_host_and_pid_so_a_stranded_one_can_be_swept(tmp_p
     save_profile(profile, tmp_path)
     monkeypatch.undo()
     assert len(seen) == 1
-    assert seen[0].startswith(f".{profile.path_name}.{store._writer_label()}.{os.getpid()}.")
+    assert seen[0].startswith(f".{profile.path_name}.{temp_files.writer_label()}.{os.getpid()}.")
     assert seen[0].endswith(".tmp")
-    assert not store._is_stranded_temp_file(seen[0])  # this process is alive
+    assert not temp_files.is_stranded_temp_file(seen[0])  # this process is alive

@@ -9,14 +9,8 @@ what to do about it.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
 import json
 import os
-import re
-import socket
-import uuid
 from pathlib import Path
 
 from edgebatch.errors import EdgebatchError, ProfileError, UsageError
@@ -24,6 +18,12 @@ from edgebatch.files import fsync_directory, write_atomically
 from edgebatch.profiles.location import ProfileURL, as_location, open_url, remote_errors
 from edgebatch.profiles.model import DeviceProfile
 from edgebatch.profiles.schema import REPROBE_FIX, SAFE_NAME_RE, profile_problem
+from edgebatch.profiles.temp_files import (
+    is_stranded_temp_file,
+    remove_stranded_local_temp_files,
+    temp_name,
+    writer_label,
+)
 
 PROFILES_ENV_VAR = "EDGEBATCH_PROFILES"
 DEFAULT_PROFILES_DIRNAME = "device_profiles"
@@ -40,9 +40,6 @@ _CREATE_HINT = (
     "run `edgebatch probe` for this model on this device, "
     f"or point ${PROFILES_ENV_VAR} at the directory that holds the profile"
 )
-# Temporary files are `.<target>.<writer>.<pid>.<random>.tmp`, so a later writer that sees the same
-# process ids (see _writer_label) can tell one stranded by a killed process from one being written.
-_TEMP_NAME_RE = re.compile(r"^\.(?P<target>.+)\.(?P<writer>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
 
 
 def resolve_profiles_dir(explicit: str | Path | None = None) -> ProfileLocation:
@@ -133,7 +130,7 @@ def save_profile(
     lock_path = Path(f"{path}.lock")
     try:
         with filelock.FileLock(str(lock_path), timeout=lock_timeout_seconds):
-            _remove_stranded_local_temp_files(directory)
+            remove_stranded_local_temp_files(directory)
             _write_atomically(path, data)
     except filelock.Timeout as error:
         raise ProfileError(
@@ -331,10 +328,10 @@ def _reject_constant(name: str) -> float:
 
 def _write_atomically(path: Path, data: dict) -> None:
     """Write `data` as JSON to `path` atomically (files.write_atomically), its temporary file named
-    like _temp_name's (mkstemp adds the random part), so a stranded one can be swept."""
+    like temp_files.temp_name's (mkstemp adds the random part), so a stranded one can be swept."""
     # allow_nan=False: validation already refused NaN, this is the belt to those braces.
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    write_atomically(path, text, temp_prefix=f".{path.name}.{_writer_label()}.{os.getpid()}.")
+    write_atomically(path, text, temp_prefix=f".{path.name}.{writer_label()}.{os.getpid()}.")
 
 
 def _save_to_url(url: ProfileURL, data: bytes) -> None:
@@ -348,7 +345,7 @@ def _save_to_url(url: ProfileURL, data: bytes) -> None:
     with remote_errors(url.parent, "create profile directory"):
         fs.makedirs(directory, exist_ok=True)
     _remove_stranded_remote_temp_files(fs, directory)
-    _write_then_move(fs, url, path, f"{directory.rstrip('/')}/{_temp_name(url.name)}", data)
+    _write_then_move(fs, url, path, f"{directory.rstrip('/')}/{temp_name(url.name)}", data)
 
 
 def _single_put_is_atomic(fs) -> bool:
@@ -395,73 +392,11 @@ def _remove_quietly(fs, path: str) -> None:
         pass
 
 
-@functools.cache
-def _writer_label() -> str:
-    """`<hostname>-<8 hex>`: the hex digests this kernel's boot id and this process's pid namespace.
-
-    Two writers with the same label see the same process ids, so one can tell whether the other's
-    pid still runs. Edge devices often share a hostname (every `raspberrypi`), and containers on one
-    host share a kernel but not pids; the boot id and namespace keep those apart. Where neither can
-    be read (not Linux), the label is the hostname alone.
-    """
-    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
-    identity = []
-    with contextlib.suppress(OSError):
-        identity.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
-    with contextlib.suppress(OSError):
-        identity.append(str(os.stat("/proc/self/ns/pid").st_ino))
-    if not identity:
-        return host
-    return f"{host}-{hashlib.sha256('/'.join(identity).encode()).hexdigest()[:8]}"
-
-
-def _temp_name(target_name: str) -> str:
-    return f".{target_name}.{_writer_label()}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp"
-
-
-def _is_stranded_temp_file(name: str) -> bool:
-    """True for a temporary profile file written by a process that no longer exists.
-
-    Only files with this process's writer label count (same kernel boot, same pid namespace): of
-    any other the pid says nothing here, and it may still be being written.
-    """
-    match = _TEMP_NAME_RE.match(name)
-    if match is None or match["writer"] != _writer_label():
-        return False
-    return not _process_exists(int(match["pid"]))
-
-
-def _process_exists(pid: int) -> bool:
-    """Whether `pid` runs on this host; when that cannot be told (not POSIX), assume it does."""
-    if pid == os.getpid() or os.name != "posix":
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: it exists, as another user
-        return True
-    return True
-
-
-def _remove_stranded_local_temp_files(directory: Path) -> None:
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if _is_stranded_temp_file(name):
-            try:
-                os.unlink(directory / name)
-            except OSError:
-                pass
-
-
 def _remove_stranded_remote_temp_files(fs, directory: str) -> None:
     try:
         paths = fs.ls(directory, detail=False)
     except Exception:  # noqa: BLE001 - best effort: the write itself will report an unreachable store
         return
     for path in paths:
-        if _is_stranded_temp_file(path.rstrip("/").rsplit("/", 1)[-1]):
+        if is_stranded_temp_file(path.rstrip("/").rsplit("/", 1)[-1]):
             _remove_quietly(fs, path)
