@@ -23,11 +23,9 @@ MEASUREMENT_MARGIN = 0.025
 # covered by it: the answer's repeats in new processes (outcomes.ANSWER_READINGS) measure that
 # spread and lower the budget by it (docs/probe-rules.md, "MEASUREMENT_MARGIN_ONE_THREAD").
 MEASUREMENT_MARGIN_ONE_THREAD = 0.01
-# safe_batch's peak keeps this share under the budget the search judged by (--headroom's default).
-# That budget already holds the spread measured between fresh processes; this covers what the
-# probe's bare step does not hold: a peak still rising after its trial (up to 1.9%), and fit's data
-# and accumulator beside the step. At 3%, fit from the profile with its data in memory peaked 5-7%
-# over small_cnn's budget in 10 of 10 processes (docs/probe-rules.md, "safe_batch").
+# safe_batch's peak keeps this share under the budget the search judged by (--headroom's default):
+# room for what the probe's bare step does not hold, a peak's late rise and fit's data and
+# accumulator; 3% was measured too little (docs/probe-rules.md, "safe_batch").
 DEFAULT_HEADROOM = 0.10
 # Below a limit the budget does not see (an address-space cap), safe_batch keeps this share of the
 # edge clear: the edge moved by a few percent between processes (summary.hidden_limit_edge_of).

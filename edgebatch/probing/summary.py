@@ -140,8 +140,7 @@ def anchor_bounds(trials: Sequence[Trial], budget_bytes: float, headroom: float,
 
 def batch_levels(trials: Sequence[Trial]) -> dict[int, Trial]:
     """{batch: the reading it stands for}: its highest reading in a new process where one read it
-    (training runs in one; a fork-server child of text_cnn read 12% above them at the same batch),
-    else its highest reading at all."""
+    (training runs in one; a fork-server child can read well above), else its highest reading."""
     readings = [t for t in trials if t.measured and t.peak_bytes is not None]
     new_process = {t.batch for t in readings if t.fresh and t.forked is False}
     levels: dict[int, Trial] = {}
@@ -158,10 +157,9 @@ def line_safe_batch(trials: Sequence[Trial], safe_budget_bytes: float, per_sampl
     down the memory line to it, and the nearest level below it, stepped up, put under
     `safe_budget_bytes`; 0 where none does.
 
-    Levels above the ceiling are the ceiling's evidence, not the safe batch's: memory jumps in
-    steps there (dense_wide read 1,366 MiB at 253 and 1,528 MiB at 258, 33x its per-sample
-    slope), and carried down the line such a level halved the safe batch. A level far below is
-    superseded by a nearer one: the line's slope is an average (docs/probe-rules.md, "safe_batch").
+    Levels above the ceiling are the ceiling's evidence, not the safe batch's: memory can jump in
+    steps there, far off the line's slope. A level far below is superseded by a nearer one: the
+    slope is an average (docs/probe-rules.md, "safe_batch").
     """
     levels = sorted((batch, t.peak_bytes) for batch, t in batch_levels(trials).items() if batch <= ceiling)
 
