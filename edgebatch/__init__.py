@@ -17,7 +17,7 @@ from edgebatch.errors import EdgebatchError, ProbeError, ProfileError, TrainingE
 from edgebatch.governor import Decision, Governor, GovernorConfig, Observation, PressureReader
 from edgebatch.probing import cached_profile, probe
 from edgebatch.profiles import DeviceProfile, MemoryModel, Trial, load_profile, save_profile
-from edgebatch.threads import set_inter_op_threads
+from edgebatch.settings.threads import set_inter_op_threads
 from edgebatch.training import Checkpointing, FitReport, Logs, Sequences, fit, inject_oom, supervise
 
 __version__ = "0.1.0"

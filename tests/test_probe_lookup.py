@@ -16,7 +16,7 @@ def mlp_profile(tmp_path_factory):
 
 
 def test_finds_the_profile_by_name_and_by_model_object(mlp_profile):
-    from edgebatch.zoo import build_model, parse_model_spec
+    from edgebatch.models.zoo import build_model, parse_model_spec
 
     directory, profile = mlp_profile
     by_name = cached_profile("mlp", device="CPU:0", profiles_dir=directory)

@@ -12,7 +12,7 @@ import pytest
 
 from edgebatch.errors import UsageError
 from edgebatch.probing import probe
-from edgebatch.zoo import parse_model_spec
+from edgebatch.models.zoo import parse_model_spec
 
 HERE = Path(__file__).parent
 MIB = 1024**2

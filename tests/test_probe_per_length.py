@@ -13,7 +13,7 @@ from edgebatch.probing.outcomes import Done
 from edgebatch.probing.reuse import reuse_problem
 from edgebatch.probing.search import Run, SearchConfig, next_step
 from edgebatch.profiles import MemoryModel, Trial, model_key
-from edgebatch.zoo import parse_model_spec
+from edgebatch.models.zoo import parse_model_spec
 
 # transformer_tiny on this machine kind (a probe at 64 and 256 tokens under 1.5 GiB): ~750 MiB
 # before any batch, then a x B x L + b x B x L^2 with a ~6.6 kB and b ~108 B.

@@ -58,7 +58,7 @@ def test_each_length_has_its_ceiling_and_the_short_one_is_higher(profile):
 
 def test_cached_profile_finds_it_by_name_and_by_model_with_its_lengths(profile):
     from edgebatch.probing import cached_profile
-    from edgebatch.zoo import build_model, parse_model_spec
+    from edgebatch.models.zoo import build_model, parse_model_spec
 
     found, directory = profile
     assert cached_profile("transformer_tiny", device="CPU:0", seq_lens=LENGTHS, profiles_dir=directory) == found

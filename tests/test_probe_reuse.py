@@ -465,7 +465,7 @@ def test_the_search_starts_as_many_new_processes_as_a_repeat_asks_for(monkeypatc
 
 
 def test_the_malloc_arena_limit_is_read_as_glibc_reads_it():
-    from edgebatch.malloc_arenas import malloc_arena_max_in_effect
+    from edgebatch.settings.malloc_arenas import malloc_arena_max_in_effect
 
     assert malloc_arena_max_in_effect({"MALLOC_ARENA_MAX": "1"}) == 1
     assert malloc_arena_max_in_effect({"MALLOC_ARENA_MAX": " 2 "}) == 2

@@ -92,7 +92,7 @@ def test_pruned_probe_runs_its_steps_and_its_profile_is_found_again(tmp_path):
     assert any(line.startswith("reusing cached profile") for line in lines)
     # Training code finds it too, by spec or by the unwrapped tf_keras model, without importing TFMOT.
     from edgebatch import cached_profile
-    from edgebatch.zoo import build_base_model, parse_model_spec
+    from edgebatch.models.zoo import build_base_model, parse_model_spec
 
     found = cached_profile(CNN, optimize="prune", profiles_dir=tmp_path)
     assert found is not None and found.model["key"] == first.model["key"]
@@ -140,7 +140,7 @@ import sys
 sys.path.insert(0, {str(HERE / 'models')!r})
 import tf_keras_mlp
 from edgebatch.probing.trial import TrialRunner, target_spec
-from edgebatch.zoo import optimize_model, training_callbacks
+from edgebatch.models.zoo import optimize_model, training_callbacks
 for mode in ("qat", "prune"):
     model = optimize_model(tf_keras_mlp.build(), mode)
     assert target_spec(model).from_logits is False, mode

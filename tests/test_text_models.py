@@ -1,10 +1,10 @@
-"""The zoo's sequence models (edgebatch/text/models.py): variable length, padding ignored, both Keras worlds."""
+"""The zoo's sequence models (edgebatch/models/text.py): variable length, padding ignored, both Keras worlds."""
 
 import numpy as np
 import pytest
 
-from edgebatch import zoo
-from edgebatch.text import models
+from edgebatch.models import zoo
+from edgebatch.models import text as models
 from edgebatch.text.docstrings import LABEL_PACKAGES, PAD_ID
 
 SEQUENCE_MODELS = ("transformer_tiny", "lstm_small")

@@ -12,7 +12,7 @@ from edgebatch.errors import UsageError
 from edgebatch.probing.api import ProbeRequest
 from edgebatch.probing.budget import MEMORY_BUDGET_ENV
 from edgebatch.probing.strategy_option import check_strategy, deprecation_note
-from edgebatch.zoo import BUILTIN_MODELS, OPTIMIZATIONS, OPTIMIZERS, PRECISIONS
+from edgebatch.models.zoo import BUILTIN_MODELS, OPTIMIZATIONS, OPTIMIZERS, PRECISIONS
 
 _DEFAULTS = ProbeRequest()
 

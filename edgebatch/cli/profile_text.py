@@ -67,7 +67,7 @@ def _spread_note(profile) -> str:
 
 
 def _arena_note(search: dict) -> str:
-    from edgebatch import malloc_arenas
+    from edgebatch.settings import malloc_arenas
 
     recorded = (search or {}).get("malloc_arena_max")
     note = malloc_arenas.describe(recorded)
@@ -75,7 +75,7 @@ def _arena_note(search: dict) -> str:
 
 
 def _inter_op_note(search: dict) -> str:
-    from edgebatch.threads import recorded_inter_op_threads
+    from edgebatch.settings.threads import recorded_inter_op_threads
 
     threads = recorded_inter_op_threads(search)
     if threads == 0:

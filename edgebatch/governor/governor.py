@@ -21,7 +21,7 @@ from edgebatch.governor.policy import (
     step,
 )
 from edgebatch.governor.sizes import legal_at_most
-from edgebatch.profile_settings import warn_on_mismatches
+from edgebatch.settings import warn_on_mismatches
 
 __all__ = ["Governor", "trainable_bytes"]
 
@@ -140,8 +140,8 @@ class Governor:
         Its ceiling is the profile's safe_batch, its memory model the profile's line in the
         profile's measure (applied only to the sensor that reads that measure: process RSS on CPU,
         allocator bytes on GPU), and it starts at min(effective_batch, ceiling). It warns when
-        TensorFlow here runs another inter-op setting (edgebatch.threads), or this process another
-        malloc arena limit (edgebatch.malloc_arenas), than the profile was measured with.
+        TensorFlow here runs another inter-op setting (edgebatch.settings.threads), or this process another
+        malloc arena limit (edgebatch.settings.malloc_arenas), than the profile was measured with.
 
         Args:
             profile: a DeviceProfile (edgebatch.probe, edgebatch.cached_profile, or load_profile).

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgebatch.errors import ProbeError, UsageError
-from edgebatch.malloc_arenas import malloc_arena_max_in_effect
+from edgebatch.settings.malloc_arenas import malloc_arena_max_in_effect
 from edgebatch.probing import budget_answer, per_length, token_fit
 from edgebatch.probing.budget import (
     Budget,
@@ -50,9 +50,9 @@ from edgebatch.probing.worker import (
     spawn_worker,
 )
 from edgebatch.profiles import DeviceProfile, find_profile, model_key, resolve_profiles_dir, save_profile
-from edgebatch.threads import checked_inter_op_threads
+from edgebatch.settings.threads import checked_inter_op_threads
 from edgebatch.units import format_bytes
-from edgebatch.zoo import OPTIMIZATIONS, OPTIMIZERS, PRECISIONS, ModelSpec, keras_flavor, parse_model_spec
+from edgebatch.models.zoo import OPTIMIZATIONS, OPTIMIZERS, PRECISIONS, ModelSpec, keras_flavor, parse_model_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +63,7 @@ class ProbeRequest:
     `max_batch_limit` is the largest batch the search may try; `max_batch` is only ever the answer.
     `allow_overcommit` accepts an explicit budget above what the device can give now.
     `optimize` ("qat", "prune") probes the model wrapped by TFMOT; the worker builds it as a tf_keras
-    model and is the only process that imports tensorflow_model_optimization (zoo.py).
+    model and is the only process that imports tensorflow_model_optimization (models/zoo.py).
     """
 
     model: str = "mobilenet_v2"
@@ -107,7 +107,7 @@ class ProbeRequest:
             "inter_op_threads": self.inter_op_threads,
             "answer_readings": self.answer_readings,
             "tolerance": self.tolerance,
-            # The workers inherit this process's environment (edgebatch/malloc_arenas.py).
+            # The workers inherit this process's environment (edgebatch/settings/malloc_arenas.py).
             "malloc_arena_max": malloc_arena_max_in_effect(),
         }
         if seq_lens:

@@ -158,7 +158,7 @@ class Budget:
     def of_profile(cls, profile) -> Budget:
         """The budget a saved profile was probed (or answered) under, with the margin of the inter-op
         threads it records (a profile from before they were recorded: TensorFlow's pool)."""
-        from edgebatch.threads import recorded_inter_op_threads
+        from edgebatch.settings.threads import recorded_inter_op_threads
 
         return cls.with_margin(profile.budget_bytes, profile.budget_source, recorded_inter_op_threads(profile.search))
 

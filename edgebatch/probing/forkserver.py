@@ -299,7 +299,7 @@ def server_main(argv: list[str]) -> int:
         import edgebatch.probing.trial  # noqa: F401
         import edgebatch.probing.worker  # noqa: F401
         import edgebatch.probing.worker_child  # noqa: F401
-        import edgebatch.zoo  # noqa: F401
+        import edgebatch.models.zoo  # noqa: F401
 
         pages = resident_file_pages()
         if not pages:

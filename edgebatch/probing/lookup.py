@@ -14,7 +14,7 @@ from edgebatch.errors import UsageError
 from edgebatch.probing.budget import default_device, device_facts
 from edgebatch.profiles import DeviceProfile, find_profile, model_key, resolve_profiles_dir
 from edgebatch.profiles.fingerprint import config_hash
-from edgebatch.zoo import (
+from edgebatch.models.zoo import (
     OPTIMIZATIONS,
     OPTIMIZERS,
     PRECISIONS,

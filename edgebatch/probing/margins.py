@@ -1,6 +1,6 @@
 """How far under its budget a probe holds a trial's peak, and an answer below a bump.
 
-Both depend on the TensorFlow inter-op threads the workers ran with (edgebatch/threads.py): with
+Both depend on the TensorFlow inter-op threads the workers ran with (edgebatch/settings/threads.py): with
 TensorFlow's own pool the same batch reads differently between processes and the edge of a bump
 moves; with one thread (the default) neither does. The probe (api.py), the per-length token model
 (token_fit.py), `edgebatch profile show` and the benchmarks read these from here, so every reading of a

@@ -23,7 +23,7 @@ from edgebatch.probing import summary, token_fit
 from edgebatch.probing.memory_fit import prior_through_readings
 from edgebatch.probing.outcomes import MIN_LIFT_PAIRS, SearchConfig, lowest_by_worker_kind, steady_lift_bytes
 from edgebatch.profiles.model import LengthCeiling, MemoryModel, TokenMemoryModel, Trial
-from edgebatch.zoo import SEQUENCE_MODEL_MAX_LENGTHS, ModelSpec
+from edgebatch.models.zoo import SEQUENCE_MODEL_MAX_LENGTHS, ModelSpec
 
 
 def resolve_lengths(spec: ModelSpec, seq_lens) -> tuple[int, ...] | None:

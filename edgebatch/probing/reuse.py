@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from edgebatch import malloc_arenas
+from edgebatch.settings import malloc_arenas
 from edgebatch.probing.outcomes import DEFAULT_TOLERANCE
 from edgebatch.profiles.schema import SAFE_RULE_SCHEMA
-from edgebatch.threads import UNRECORDED_INTER_OP_THREADS
+from edgebatch.settings.threads import UNRECORDED_INTER_OP_THREADS
 from edgebatch.units import format_bytes
 
 BUDGET_TOLERANCE_FRACTION = 0.03
@@ -41,7 +41,7 @@ ANSWER_SETTINGS = {
     "inter_op_threads": "--inter-op-threads",
     "answer_readings": "--answer-readings",
     "tolerance": "--tolerance",
-    # glibc's malloc arena limit in the probe's environment (edgebatch/malloc_arenas.py).
+    # glibc's malloc arena limit in the probe's environment (edgebatch/settings/malloc_arenas.py).
     "malloc_arena_max": "the malloc arena limit",
 }
 # What a setting was when a profile does not record it: written before the setting existed (the

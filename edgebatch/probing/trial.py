@@ -145,7 +145,7 @@ class TrialRunner:
         input's None dimensions); the step is traced with the axis left open, as training traces it."""
         import tensorflow as tf
 
-        from edgebatch.zoo import keras_flavor
+        from edgebatch.models.zoo import keras_flavor
 
         self.model = model
         self.device = device
@@ -420,7 +420,7 @@ def target_spec(model) -> TargetSpec:
 
 def computes_in_float16(model) -> bool:
     """Whether any layer of `model` runs under the mixed_float16 policy."""
-    from edgebatch.model_layers import all_layers
+    from edgebatch.models.layers import all_layers
 
     return any(getattr(getattr(layer, "dtype_policy", None), "name", None) == "mixed_float16"
                for layer in all_layers(model))

@@ -203,7 +203,7 @@ def _build_and_identify(setup: WorkerSetup, ordinal: int | None) -> tuple:
     tf.config.threading.set_inter_op_parallelism_threads(setup.inter_op_threads)
     from edgebatch.probing.trial import TrialRunner
     from edgebatch.sensors import enable_memory_growth
-    from edgebatch.zoo import (
+    from edgebatch.models.zoo import (
         build_base_model,
         optimize_model,
         parse_model_spec,

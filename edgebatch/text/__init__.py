@@ -1,5 +1,5 @@
-"""Text: a real variable-length corpus built from the standard library (docstrings.py).
+"""Text: a real variable-length corpus built from the standard library's docstrings (docstrings.py).
 
-The home of sequence-length work (issue 14): bucketing by length and token budgets come next.
-Importing this package does not import TensorFlow.
+The sequence models trained on it live in edgebatch/models/text.py. Importing this package does
+not import TensorFlow.
 """

@@ -52,7 +52,7 @@ class LengthCeilings:
         or its max_batch with `use_max_batch` (as Governor.from_profile chooses its ceiling). Warns,
         as Governor.from_profile does, when this process runs another inter-op or malloc arena
         setting than the profile was measured with."""
-        from edgebatch.profile_settings import warn_on_mismatches
+        from edgebatch.settings import warn_on_mismatches
 
         warn_on_mismatches(profile)
         per_length = getattr(profile, "per_length", None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgebatch.errors import UsageError
-from edgebatch.model_layers import all_layers  # importable from here, as before
+from edgebatch.models.layers import all_layers  # importable from here, as before
 
 __all__ = [
     "all_layers",

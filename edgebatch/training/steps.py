@@ -21,7 +21,7 @@ import copy
 from typing import Any, Callable
 
 from edgebatch.errors import UsageError
-from edgebatch.model_layers import all_layers  # noqa: F401  (importable from here, as before)
+from edgebatch.models.layers import all_layers  # noqa: F401  (importable from here, as before)
 from edgebatch.training.model_checks import (  # noqa: F401  (importable from here, as before)
     batch_norm_layers,
     is_multi_worker,

@@ -17,7 +17,7 @@ with the step traced for any length, as training with padded batches traces it.
 set globally before the model is built (tf_keras's too with --optimize); the loss is taken on
 float32 logits. Under mixed_float16 the step does no loss scaling: memory, not convergence, is
 measured.
---optimize: qat or prune builds the model with tf_keras (edgebatch.zoo.build_base_model) and wraps
+--optimize: qat or prune builds the model with tf_keras (edgebatch.models.zoo.build_base_model) and wraps
 it with TFMOT (zoo.optimize_model), trained with tf_keras's Adam and loss. For prune every
 PruneLowMagnitude wrapper's pruning_step is set from -1 to 0 before the first step, as
 UpdatePruningStep.on_train_begin does (TFMOT 0.8's wrapper adds 1 in each training call and
@@ -73,7 +73,7 @@ def main():
     if inter_op_threads is not None:
         tf.config.threading.set_inter_op_parallelism_threads(int(inter_op_threads))
 
-    from edgebatch.zoo import (
+    from edgebatch.models.zoo import (
         build_base_model,
         build_model,
         optimize_model,

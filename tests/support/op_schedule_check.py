@@ -41,7 +41,7 @@ def child(case: str, setting: str, steps: int) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(int(setting))
     from edgebatch.probing.trial import TrialRunner
     from edgebatch.sensors import process_peak_rss_bytes
-    from edgebatch.zoo import build_model, parse_model_spec
+    from edgebatch.models.zoo import build_model, parse_model_spec
 
     name, batch, tokens = parse_case(case)
     runner = TrialRunner(build_model(parse_model_spec(name)), sequence_length=tokens)

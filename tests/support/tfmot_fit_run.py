@@ -114,7 +114,7 @@ def mobilenet() -> dict:
 
     from edgebatch.governor import Governor, GovernorConfig
     from edgebatch.training import fit, inject_oom
-    from edgebatch.zoo import build_base_model, optimize_model, parse_model_spec
+    from edgebatch.models.zoo import build_base_model, optimize_model, parse_model_spec
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(8, 96, 96, 3)).astype("float32")

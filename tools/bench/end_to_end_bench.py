@@ -193,7 +193,7 @@ class TrainingPlan:
 def _model_and_data(plan: TrainingPlan, tf, keras):
     """The seeded model and its examples: example i is drawn from the stateless seed (seed, i), so
     every process, resumed or plain, sees the same examples in the same order without holding them."""
-    from edgebatch.zoo import build_model, parse_model_spec
+    from edgebatch.models.zoo import build_model, parse_model_spec
 
     keras.utils.set_random_seed(plan.seed)
     model = build_model(parse_model_spec(plan.model_spec))

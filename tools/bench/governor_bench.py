@@ -28,7 +28,7 @@ def build_runner(model_name: str):
     import tensorflow as tf
 
     from edgebatch.probing.trial import TrialRunner
-    from edgebatch.zoo import build_model, parse_model_spec
+    from edgebatch.models.zoo import build_model, parse_model_spec
 
     with tf.device("CPU:0"):
         model = build_model(parse_model_spec(model_name))

@@ -47,7 +47,7 @@ CHILD_TIMEOUT_SECONDS = 900
 
 def corpus():
     from edgebatch.text.docstrings import Vocabulary, encode_corpus, load_docstrings, split
-    from edgebatch.text.models import VOCABULARY_SIZE
+    from edgebatch.models.text import VOCABULARY_SIZE
 
     loaded = load_docstrings()
     train, _ = split(loaded)
@@ -63,7 +63,7 @@ def child(arm: str, profile_path: str, effective: int, token_budget: int) -> dic
     from edgebatch.governor import Governor, GovernorConfig
     from edgebatch.profiles import load_profile
     from edgebatch.sensors.host import process_peak_rss_bytes
-    from edgebatch.text.models import transformer_tiny
+    from edgebatch.models.text import transformer_tiny
     from edgebatch.training import LengthCeilings, fit
 
     tokens, labels, _ = corpus()

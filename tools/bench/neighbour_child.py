@@ -67,7 +67,7 @@ def train(kind: str, progress: Path, ceiling: int, max_updates: int, stop: Path,
 
     from edgebatch.governor import Governor, GovernorConfig, PressureReader
     from edgebatch.training import fit
-    from edgebatch.zoo import build_model, parse_model_spec
+    from edgebatch.models.zoo import build_model, parse_model_spec
 
     # The OOM killer picks by resident size plus this; +500 makes it pick the training over a
     # neighbour of similar size (lowering the neighbour's instead needs a privilege this sandbox lacks).

@@ -46,7 +46,7 @@ MAX_TOKENS = 512
 
 def corpus_sequences() -> tuple[list[np.ndarray], np.ndarray, str]:
     from edgebatch.text.docstrings import Vocabulary, encode_corpus, load_docstrings, split
-    from edgebatch.text.models import VOCABULARY_SIZE
+    from edgebatch.models.text import VOCABULARY_SIZE
 
     corpus = load_docstrings()
     train, _ = split(corpus)
@@ -91,7 +91,7 @@ def window_pieces(lengths: list[int], window: int, effective: int, micro: int) -
 def build_model():
     import keras
 
-    from edgebatch.text.models import transformer_tiny
+    from edgebatch.models.text import transformer_tiny
 
     keras.utils.set_random_seed(0)
     return transformer_tiny(keras)

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from edgebatch.zoo import build_model, parse_model_spec
+    from edgebatch.models.zoo import build_model, parse_model_spec
 
     model = build_model(parse_model_spec(spec))
     shape = tuple(int(d) for d in model.inputs[0].shape[1:])

@@ -120,7 +120,7 @@ def run_method(scenario: Scenario, strategy: str, start_batch: int) -> dict:
     from edgebatch.probing import fresh_workers, margins, run_search
     from edgebatch.probing.search import SearchConfig
     from edgebatch.probing.worker import WorkerSetup, start_worker
-    from edgebatch.zoo import parse_model_spec
+    from edgebatch.models.zoo import parse_model_spec
 
     setup = WorkerSetup(
         model_spec=parse_model_spec(scenario.model).text,

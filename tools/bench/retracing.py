@@ -26,7 +26,7 @@ def _make_steps(model_name: str):
     import tensorflow as tf
 
     from edgebatch.training.steps import AccumulatingSteps
-    from edgebatch.zoo import build_model, parse_model_spec
+    from edgebatch.models.zoo import build_model, parse_model_spec
 
     model = build_model(parse_model_spec(model_name))
     shape = tuple(int(d) for d in model.inputs[0].shape[1:])

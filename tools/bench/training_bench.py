@@ -111,7 +111,7 @@ def governed_run(model, x, y, effective_batch: int, ceiling: int, updates: int) 
 
 
 def no_pressure(mode: Mode, seconds_left) -> dict:
-    from edgebatch.zoo import build_model, parse_model_spec
+    from edgebatch.models.zoo import build_model, parse_model_spec
 
     # Quick: 8 timed updates (~1.3 s) gave ratios from 0.81 to 1.33 on the shared machine: time longer.
     updates = 12 if mode.quick else 30

@@ -216,7 +216,7 @@ def _build_builtin(name: str, keras=None):
             name="text_cnn",
         )
     if name in SEQUENCE_MODEL_MAX_LENGTHS:
-        from edgebatch.text import models as text_models
+        from edgebatch.models import text as text_models
 
         return getattr(text_models, name)(keras)
     raise UsageError(f"unknown built-in model {name!r}")

@@ -8,7 +8,7 @@ setting (`search.malloc_arena_max`; None: glibc's own default), a cached profile
 under the same one (probing/reuse.py), and its ceilings hold for training started under it
 (`MALLOC_ARENA_MAX=1 python train.py`: glibc reads it once, when the process starts).
 Governor.from_profile and LengthCeilings.from_profile warn (`warn_on_mismatch`, through
-edgebatch/profile_settings.py) when the training process runs under another setting than the
+edgebatch/settings/__init__.py) when the training process runs under another setting than the
 profile's.
 """
 

@@ -1,4 +1,4 @@
-"""edgebatch.threads: the inter-op setting a profile was measured with, set and checked in training.
+"""edgebatch.settings.threads: the inter-op setting a profile was measured with, set and checked in training.
 
 The decisions are pure and tested here directly; what TensorFlow does with the setting runs in a
 new process each (a process's TensorFlow fixes its thread pools once, and this one's has started).
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from edgebatch.errors import UsageError
-from edgebatch.threads import (
+from edgebatch.settings.threads import (
     mismatch,
     recorded_inter_op_threads,
     set_inter_op_threads,
@@ -55,7 +55,7 @@ CHILD = textwrap.dedent(
     import tensorflow as tf
     import edgebatch
     from edgebatch.errors import UsageError
-    from edgebatch.threads import inter_op_threads_in_effect, warn_on_mismatch
+    from edgebatch.settings.threads import inter_op_threads_in_effect, warn_on_mismatch
 
     out = {"env_only": inter_op_threads_in_effect()}
     edgebatch.set_inter_op_threads(1)

@@ -1,4 +1,4 @@
-"""edgebatch.malloc_arenas (and profile_settings): the arena limit a profile was measured under, checked where training uses it.
+"""edgebatch.settings.malloc_arenas (and the settings package): the arena limit a profile was measured under, checked where training uses it.
 
 Pure: the setting is read from an environment mapping; what glibc does with it is measured in
 docs/probe-evidence.md, not here.
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgebatch import malloc_arenas
+from edgebatch.settings import malloc_arenas
 from edgebatch.governor import Governor
 from edgebatch.profiles import LengthCeiling
 from edgebatch.training.length_ceilings import LengthCeilings
@@ -53,7 +53,7 @@ def test_training_from_a_profile_warns_when_this_process_runs_another_limit(monk
                               per_length={64: LengthCeiling(max_batch=130, safe_batch=117, peak_bytes=1)})
     with pytest.warns(UserWarning, match="MALLOC_ARENA_MAX=1") as caught:
         assert Governor.from_profile(profile, effective_batch=48).config.ceiling_batch == 48
-    # edgebatch/profile_settings.py warns for the caller of from_profile, not for edgebatch's own code.
+    # edgebatch/settings/__init__.py warns for the caller of from_profile, not for edgebatch's own code.
     assert {w.filename for w in caught if "malloc arena" in str(w.message)} == {__file__}
     with pytest.warns(UserWarning, match="MALLOC_ARENA_MAX=1"):
         assert LengthCeilings.from_profile(profile).table == ((64, 117),)

@@ -1,17 +1,17 @@
-"""The process settings a profile's ceilings hold under, checked where training takes them.
+"""Process settings a profile's ceilings hold under, and the check where training takes them.
 
 A probe's peaks depend on settings of the process beside the model: TensorFlow's inter-op threads
-(edgebatch/threads.py) and glibc's malloc arena limit (edgebatch/malloc_arenas.py). The profile
-records both; Governor.from_profile and LengthCeilings.from_profile call `warn_on_mismatches` so a
-training process running otherwise hears it once, in one line per setting. A setting recorded
-later belongs here too.
+(threads.py) and glibc's malloc arena limit (malloc_arenas.py). The profile records both;
+Governor.from_profile and LengthCeilings.from_profile call `warn_on_mismatches`, so a training
+process running otherwise hears it once, one line per setting. A setting recorded later belongs
+here too. Importing this package does not import TensorFlow.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from edgebatch import malloc_arenas, threads
+from edgebatch.settings import malloc_arenas, threads
 
 
 def warn_on_mismatches(profile: Any) -> list[str]:
