@@ -426,3 +426,27 @@ def test_cli_skips_an_invalid_profile_and_says_so(fleet_dir):
                                        str(fleet_dir)])
     assert result.exit_code == 0, result.output
     assert "skipped" in result.output and "garbage.json" in result.output
+
+
+@pytest.mark.parametrize("total", [7, 256, 300])
+def test_identical_devices_with_flat_step_times_get_equal_shares(total):
+    # samples/s grows in proportion to the batch (mlp on a CPU comes close): every step takes about
+    # the same time, so one device could take nearly all and the update time would not change.
+    # Equal devices still get equal shares, as a user expects.
+    flat = {1: 100.0, 256: 25_600.0}
+    devices = [device(f"d{i}", 256, flat) for i in range(3)]
+    result = plan_fleet(devices, total)
+    check_plan_invariants(result, devices, total)
+    shares = [a.share for a in result.plan.assignments]
+    assert max(shares) - min(shares) <= 1 and len(shares) == 3, shares
+    assert result.speedup == pytest.approx(1.0)
+
+
+def test_shares_follow_what_each_device_does_in_the_update_time():
+    # Flat step times of 0.01 s on both, one with twice the other's ceiling: within the 0.01 s update
+    # the first does 256 samples and the second 128, so 300 splits 200:100, not 256:44.
+    flat = {1: 100.0, 256: 25_600.0}
+    devices = [device("large", 256, flat), device("small", 128, flat)]
+    result = plan_fleet(devices, 300)
+    check_plan_invariants(result, devices, 300)
+    assert [(a.device_id, a.share) for a in result.plan.assignments] == [("large", 200), ("small", 100)]

@@ -86,6 +86,7 @@ def plan_fleet(
         raise UsageError(f"the update overhead must be >= 0 seconds, got {update_overhead_seconds!r}")
 
     shares, parallel_seconds = _minimax_shares(devices, effective_batch)
+    shares = _balanced_shares(devices, shares)
     used = [device for device, share in zip(devices, shares) if share > 0]
     left_out: list[LeftOut] = []
     for device, share in zip(devices, shares):
@@ -154,6 +155,23 @@ def _minimax_shares(devices: Sequence[PlanDevice], total: int) -> tuple[list[int
         excess -= cut
     parallel_seconds = max(device.best_layout(share)[0] for device, share in zip(devices, shares) if share)
     return shares, parallel_seconds
+
+
+def _balanced_shares(devices: Sequence[PlanDevice], shares: list[int]) -> list[int]:
+    """The same total, in proportion to what each device does within the update time `shares` reach
+    (largest remainders first). No device ends slower than that time, and equal devices get equal
+    shares: where step times are flat over a stretch of batches, the trim leaves them uneven or idle."""
+    total = sum(shares)
+    seconds = max(device.best_layout(share)[0] for device, share in zip(devices, shares) if share)
+    capacity = [max(share, device.max_share_within(seconds, total)) for device, share in zip(devices, shares)]
+    exact = [total * room / sum(capacity) for room in capacity]
+    balanced = [min(room, math.floor(part)) for room, part in zip(capacity, exact)]
+    by_remainder = sorted(range(len(shares)), key=lambda index: (balanced[index] - exact[index], index))
+    while sum(balanced) < total:  # each pass adds at most one per device, within its capacity
+        for index in by_remainder:
+            if sum(balanced) < total and balanced[index] < capacity[index]:
+                balanced[index] += 1
+    return balanced
 
 
 def _split(devices: Sequence[PlanDevice], shares: Sequence[int], overhead_seconds: float) -> Split:
