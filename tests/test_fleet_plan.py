@@ -450,3 +450,24 @@ def test_shares_follow_what_each_device_does_in_the_update_time():
     result = plan_fleet(devices, 300)
     check_plan_invariants(result, devices, 300)
     assert [(a.device_id, a.share) for a in result.plan.assignments] == [("large", 200), ("small", 100)]
+
+
+def test_cli_model_name_takes_every_profile_of_its_key(tmp_path):
+    # A profile under the same model key whose model name says otherwise (the file's key is what
+    # a probe reuses) is the same model: selecting by name must not leave it out.
+    save_profile(fleet_profile("node-a", "fast cpu", {8: 80.0, 64: 200.0}, 64), tmp_path / "nodes" / "node-a")
+    renamed = fleet_profile("node-b", "slow cpu", {8: 20.0, 16: 30.0}, 16, name="renamed", key=key_of(tmp_path))
+    assert renamed.model_key == key_of(tmp_path)
+    save_profile(renamed, tmp_path / "nodes" / "node-b")
+    result = CliRunner().invoke(main, ["fleet", "plan", "--model", "mobilenet_v2", "--effective-batch", "64",
+                                       "--json", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert {d["label"] for d in json.loads(result.stdout)["plan"]["devices"]} == {"node-a", "node-b"}
+
+
+def test_cli_prints_control_characters_in_host_names_as_escapes(tmp_path):
+    save_profile(fleet_profile("node\x1b[31m-a", "fast cpu", {8: 80.0, 64: 200.0}, 64), tmp_path / "nodes" / "a")
+    result = CliRunner().invoke(main, ["fleet", "plan", "--model", "mobilenet_v2", "--effective-batch", "64",
+                                       str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "node\\x1b[31m-a" in result.output

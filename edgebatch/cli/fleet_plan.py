@@ -2,9 +2,9 @@
 
 Which profiles count: every readable profile under the given files, directories (recursively:
 a fleet probe writes `<dir>/nodes/<node-label>/<file>.json`) or fsspec URLs whose model key is
-`--model` exactly; if none has that key, the profiles whose model *name* is `--model`, provided
-they all share one key (a name that spans several keys is refused, listing them: different keys
-are different models, settings or TensorFlow versions). One device per profile, named by its
+`--model` exactly; if none has that key, the profiles of the key that model *name* `--model` has,
+provided the name spans one key (a name that spans several keys is refused, listing them:
+different keys are different models, settings or TensorFlow versions). One device per profile, named by its
 `device["host"]` when it has one, else by the directory its file sits in; the same (name,
 fingerprint) met twice (a directory given twice, a copied file) counts once, the newest profile.
 Unreadable profiles and missing locations are skipped with a line on stderr each; if nothing is
@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import click
 
 from edgebatch.cli.errors import handle_errors
+from edgebatch.cli.fleet_report import terminal_text
 from edgebatch.errors import ProfileError, UsageError
 from edgebatch.fleet.plan import FleetPlan, PlanDevice, device_from_profile, plan_fleet
 from edgebatch.profiles.location import is_url
@@ -54,11 +55,11 @@ def plan(model, effective_batch, overhead_seconds, as_json, locations):
         locations = (str(resolve_profiles_dir(None)),)
     entries, invalid = read_profiles(locations)
     for source, message in invalid:
-        click.echo(f"edgebatch: skipped {source}: {message}", err=True)
+        click.echo(terminal_text(f"edgebatch: skipped {source}: {message}"), err=True)
     selected, key = select_model(entries, model, locations)
     devices, sources, duplicates = plan_devices(selected)
     for message in duplicates:
-        click.echo(f"edgebatch: {message}", err=True)
+        click.echo(terminal_text(f"edgebatch: {message}"), err=True)
     result = plan_fleet(devices, effective_batch, update_overhead_seconds=overhead_seconds)
     if as_json:
         data = {"model_key": key, **result.to_dict(),
@@ -88,8 +89,8 @@ def select_model(entries, model: str, locations) -> tuple[list[tuple[str, object
         return by_key, model
     by_name = [(source, profile) for source, profile in entries if profile.model.get("name") == model]
     keys = sorted({profile.model_key for _, profile in by_name})
-    if len(keys) == 1:
-        return by_name, keys[0]
+    if len(keys) == 1:  # the key's profiles, also those that name the model otherwise
+        return [(source, profile) for source, profile in entries if profile.model_key == keys[0]], keys[0]
     where = ", ".join(str(location) for location in locations)
     if len(keys) > 1:
         raise UsageError(f"model name {model!r} has profiles under several keys in {where}: {', '.join(keys)}; "
@@ -167,7 +168,8 @@ def format_plan(result: FleetPlan, model_key: str) -> str:
     lines.append(f"  speedup           {result.speedup:.2f}x over the equal split")
     for note in result.notes:
         lines.append(f"  note: {note}")
-    return "\n".join(lines)
+    # Host names come from profiles, someone else's files: control characters print as escapes.
+    return "\n".join(terminal_text(line) for line in lines)
 
 
 def _device_name(source: str, profile) -> str:
