@@ -33,9 +33,13 @@ from edgebatch.fleet.report import (
 )
 from edgebatch.fleet.report_html import render_html
 from edgebatch.profiles import SCHEMA_VERSION, save_profile
+from edgebatch.profiles.schema import ANSWERS_UNCHANGED_SINCE
 
 COMMITTED = Path(__file__).resolve().parent.parent / "device_profiles"
-RUNNING = RunningVersions(schema_version=1, edgebatch="0.1.0", tensorflow="2.21.0")  # make_profile's defaults
+RUNNING = RunningVersions(schema_version=SCHEMA_VERSION, edgebatch="0.1.0", tensorflow="2.21.0")  # make_profile's
+# The committed profiles written before schema 3's safe_batch rule: stale for that reason alone.
+OLDER_COMMITTED = sum(json.loads(path.read_text())["schema_version"] < ANSWERS_UNCHANGED_SINCE
+                      for path in COMMITTED.glob("*.json"))
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
 
 HOSTILE_DESCRIPTION = '<script>alert(1)</script>" onmouseover="x $\\frac{'
@@ -144,14 +148,17 @@ def test_throughput_at_batch_measured_interpolated_unmeasured_and_unsteady():
     assert throughput_at_batch(between_steady, 32).steady is True
 
 
-def test_committed_profiles_report_without_flags():
+def test_committed_profiles_report_without_flags_but_an_older_schema():
     entries, invalid = collect([str(COMMITTED)])
     # A day after the newest committed profile was written (NOW may come before it).
     newest = max(parse_created_at(json.loads(path.read_text())["created_at"]) for path in COMMITTED.glob("*.json"))
-    report = analyse(entries, invalid, now=newest + timedelta(days=1), running=RUNNING)
+    report = analyse(entries, invalid, now=newest + timedelta(days=1), running=RUNNING, max_age_seconds=30 * 86400)
     assert invalid == []
     assert len(report.rows) == len(list(COMMITTED.glob("*.json"))) >= 2
-    assert all(row.flags == () for row in report.rows)
+    for row in report.rows:  # written before schema 3's safe_batch rule: stale for that reason only
+        older = row.schema_version < ANSWERS_UNCHANGED_SINCE
+        assert [flag.message.startswith(f"stale: schema {row.schema_version},") for flag in row.flags] == \
+            ([True] if older else []), row.flags
     assert {row.host for row in report.rows} == {"device_profiles"}  # no device.host: the directory name
     for row in report.rows:
         assert row.safe_batch <= row.max_batch
@@ -163,7 +170,7 @@ def test_committed_profiles_report_without_flags():
 def test_stale_duplicate_and_outlier_profiles_are_flagged(fleet):
     report = _report(fleet)
 
-    stale = [row for row in report.rows if STALE in row.flag_kinds()]
+    stale = [row for row in report.rows if STALE in row.flag_kinds() and row.host != "device_profiles"]
     assert [row.host for row in stale] == ["node-c"]
     assert "TensorFlow 2.15, running 2.21" in stale[0].flags[0].message
     assert "edgebatch 0.0.9, running 0.1.0" in stale[0].flags[0].message
@@ -182,10 +189,10 @@ def test_stale_duplicate_and_outlier_profiles_are_flagged(fleet):
     assert "differs by 25% across hosts (node-a: 64 at budget 2.00 GiB; node-b: 80 at budget 3.00 GiB)" in message
     assert "budgets differ" in message
 
-    # The committed profiles and the hostile one carry no flags of their own.
-    assert all(row.flags == () for row in _rows(report, host="device_profiles"))
+    # The committed profiles carry an older schema's flag at most, the hostile one none.
+    assert all(row.flag_kinds() in ((), (STALE,)) for row in _rows(report, host="device_profiles"))
     assert _rows(report, host=HOSTILE_HOST)[0].flags == ()
-    assert report.count(STALE) == 1 and report.count(DUPLICATE) == 2 and report.count(OUTLIER) == 3
+    assert report.count(STALE) == 1 + OLDER_COMMITTED and report.count(DUPLICATE) == 2 and report.count(OUTLIER) == 3
 
 
 def test_ceilings_within_ten_percent_are_not_outliers(tmp_path):
@@ -202,8 +209,8 @@ def test_ceilings_within_ten_percent_are_not_outliers(tmp_path):
 def test_the_same_directory_twice_is_a_duplicate():
     entries, invalid = collect([str(COMMITTED), str(COMMITTED)])
     report = analyse(entries, invalid, now=NOW, running=RUNNING)
-    assert all(row.flag_kinds() == (DUPLICATE,) for row in report.rows)
-    assert all("this same file" in row.flags[0].message for row in report.rows)
+    assert all(row.flag_kinds() in ((DUPLICATE,), (DUPLICATE, STALE)) for row in report.rows)
+    assert all("this same file" in row.flags[-1].message for row in report.rows)
     assert report.outliers == ()  # one host: nothing to compare
 
 
@@ -271,7 +278,9 @@ def runner(monkeypatch):
 
 
 def test_cli_text_table_flags_and_unreadable_files(runner, fleet):
-    result = runner.invoke(main, ["fleet", "report", str(COMMITTED), str(fleet / "fleet"), str(fleet / "copies")])
+    # make_profile dates its profiles 2025-06-01: an age limit past that leaves the other flags to count.
+    result = runner.invoke(main, ["fleet", "report", "--max-age", "1000d", str(COMMITTED), str(fleet / "fleet"),
+                                  str(fleet / "copies")])
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "\x1b" not in out, "a profile cannot drive the terminal"
@@ -279,7 +288,7 @@ def test_cli_text_table_flags_and_unreadable_files(runner, fleet):
     assert "outlier: max_batch of the same hardware and model differs by 25%" in out
     assert "stale: TensorFlow 2.15, running 2.21" in out
     assert "broken.json: " in out and "not valid JSON" in out
-    assert "1 stale (S), 2 duplicate (D), 3 outlier (O); 1 unreadable" in out
+    assert f"{1 + OLDER_COMMITTED} stale (S), 2 duplicate (D), 3 outlier (O); 1 unreadable" in out
 
 
 def test_cli_json(runner, fleet):
@@ -330,11 +339,14 @@ def test_other_schema_versions_are_stale_or_unreadable(tmp_path):
     path = _save(make_profile(), tmp_path / "node-a")
     entries, invalid = collect([str(path)])  # a single file
     assert [source for source, _profile in entries] == [str(path)] and invalid == []
-    # Schemas 2 and 3 changed no answer's promise (3 derives a larger safe_batch, still under the
-    # budget): a schema-1 profile is not stale for this edgebatch.
-    older = dataclasses.replace(entries[0][1], schema_version=1)
-    (row,) = analyse([(str(path), older)], now=NOW, running=RunningVersions(SCHEMA_VERSION, "0.1.0", "2.21.0")).rows
-    assert row.flag_kinds() == ()
+    # Schema 3 changed safe_batch's rule: a schema-1 or -2 profile is stale, and says why.
+    current = dataclasses.replace(entries[0][1], schema_version=SCHEMA_VERSION)
+    running = RunningVersions(SCHEMA_VERSION, "0.1.0", "2.21.0")
+    assert analyse([(str(path), current)], now=NOW, running=running).rows[0].flag_kinds() == ()
+    for version in (1, 2):
+        older = dataclasses.replace(entries[0][1], schema_version=version)
+        (row,) = analyse([(str(path), older)], now=NOW, running=running).rows
+        assert row.flag_kinds() == (STALE,) and "older, more cautious rule" in row.flags[0].message
     # A later schema that changed what answers mean makes the older ones stale.
     later = SCHEMA_VERSION + 1
     newer = RunningVersions(schema_version=later, edgebatch="0.1.0", tensorflow="2.21.0", answers_unchanged_since=later)
@@ -380,3 +392,36 @@ def test_profiles_at_urls(tmp_path):
         assert missing.source == f"{root}-missing" and "no profile files" in missing.error
     finally:
         fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)
+
+
+def test_an_old_profile_is_stale_by_its_age(tmp_path, runner):
+    _save(make_profile(device={"host": "old-node"}, created_at="2019-03-01T00:00:00Z"), tmp_path / "old")
+    _save(make_profile(device={"host": "new-node"}, created_at="2026-12-01T00:00:00Z"), tmp_path / "new")
+    entries, invalid = collect([str(tmp_path)])
+    running = RunningVersions(SCHEMA_VERSION, "0.1.0", "2.21.0")
+    report = analyse(entries, invalid, now=NOW, running=running, max_age_seconds=180 * 86400)
+    flagged = {row.host: [flag.message for flag in row.flags] for row in report.rows}
+    assert flagged["new-node"] == []
+    assert len(flagged["old-node"]) == 1 and "over the 180 d --max-age" in flagged["old-node"][0]
+    assert analyse(entries, invalid, now=NOW, running=running).rows[0].flags == ()  # age not judged
+    # The command judges age by default (180 days), and not with --max-age none.
+    assert "over the 180 d --max-age" in runner.invoke(main, ["fleet", "report", str(tmp_path)]).stdout
+    assert "--max-age" not in runner.invoke(main, ["fleet", "report", "--max-age", "none", str(tmp_path)]).stdout
+
+
+@pytest.mark.parametrize("age", ["soon", "0d", "12", "-3d", "1.5w"])
+def test_a_bad_max_age_is_one_usage_line(tmp_path, runner, age):
+    result = runner.invoke(main, ["fleet", "report", "--max-age", age, str(tmp_path)])
+    assert result.exit_code == 2 and "--max-age" in result.output and "Traceback" not in result.output
+
+
+def test_matrix_columns_are_model_keys_whatever_one_profile_calls_the_model(tmp_path):
+    first = make_profile(device={"host": "node-a"})
+    renamed = make_profile(device={"host": "node-b"}, model={"name": "my_model", "key": first.model_key})
+    _save(first, tmp_path / "a")
+    _save(renamed, tmp_path / "b")
+    entries, invalid = collect([str(tmp_path)])
+    report = analyse(entries, invalid, now=NOW, running=RUNNING)
+    assert report.matrix_models == ((first.model_key, "mobilenet_v2 / my_model"),)
+    page = render_html(report, plots=False)
+    assert f"<th><code>{first.model_key}</code><br>mobilenet_v2 / my_model</th>" in page

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from edgebatch.cli.errors import handle_errors
-from edgebatch.errors import EdgebatchError
+from edgebatch.errors import EdgebatchError, UsageError
 from edgebatch.files import write_atomically
 from edgebatch.fleet.report import (
     DUPLICATE,
@@ -44,8 +44,11 @@ _FLAG_LETTERS = {STALE: "S", DUPLICATE: "D", OUTLIER: "O"}
               help="Also write the report as one self-contained HTML page (tables and plots; opens offline).")
 @click.option("--json", "as_json", is_flag=True, help="Print the merged records as JSON instead of the table.")
 @click.option("--no-plots", is_flag=True, help="Leave the plots out of the HTML page (faster for large fleets).")
+@click.option("--max-age", "max_age", default="180d", show_default=True, metavar="AGE",
+              help="Flag profiles older than this as stale: a number with d, h or w (hardware, drivers and "
+                   "other processes change); 'none' to not judge age.")
 @handle_errors
-def report(locations, html_path, as_json, no_plots):
+def report(locations, html_path, as_json, no_plots, max_age):
     """Merge profiles from many devices: one row per device x model, with stale, duplicate and outlier flags.
 
     PATH_OR_URL is a profile file, a directory (searched recursively, e.g. the one `edgebatch
@@ -54,8 +57,10 @@ def report(locations, html_path, as_json, no_plots):
     when none was (the report, listing what could not be read, is still printed) or the HTML could
     not be written, 2 on bad usage.
     """
+    max_age_seconds = parse_max_age(max_age)
     entries, invalid = collect(list(locations), on_location=_progress)
-    result = analyse(entries, invalid, now=datetime.now(timezone.utc), running=running_versions())
+    result = analyse(entries, invalid, now=datetime.now(timezone.utc), running=running_versions(),
+                     max_age_seconds=max_age_seconds)
     if as_json:
         click.echo(json.dumps(report_to_dict(result), indent=2))
     else:
@@ -68,6 +73,20 @@ def report(locations, html_path, as_json, no_plots):
     if not entries:
         # After the outputs, so the files that could not be read are still listed.
         raise EdgebatchError(f"no readable profile in {', '.join(locations)}")
+
+
+_AGE_UNITS_SECONDS = {"h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_max_age(text: str) -> float | None:
+    """'90d', '12h', '2w' as seconds; 'none' as None. A usage error (exit 2) for anything else."""
+    cleaned = str(text).strip().lower()
+    if cleaned == "none":
+        return None
+    number, unit = cleaned[:-1], cleaned[-1:]
+    if unit in _AGE_UNITS_SECONDS and number.isdigit() and int(number) > 0:
+        return int(number) * _AGE_UNITS_SECONDS[unit]
+    raise UsageError(f"--max-age {text!r}: give a whole number > 0 with d, h or w (e.g. 90d), or 'none'")
 
 
 def _progress(location: str, profiles: int, invalid: int) -> None:

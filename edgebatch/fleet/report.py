@@ -94,11 +94,13 @@ def analyse(
     *,
     now: datetime,
     running: RunningVersions,
+    max_age_seconds: float | None = None,
 ) -> FleetReport:
     """Rows, matrix and flags for `entries`.
 
     * stale: the profile's schema version, TensorFlow major.minor or edgebatch version differs from
-      the running ones (`running_versions()`), so its numbers may not hold for this install. (A file
+      the running ones (`running_versions()`), so its numbers may not hold for this install; or it
+      is older than `max_age_seconds` (None: age is not judged). (A file
       of another schema version cannot be read by this edgebatch at all: `collect` lists it as
       invalid, with the store's "written by a newer edgebatch" / "unknown schema_version" error.);
     * duplicate: the same (device fingerprint, model key, host) appears more than once;
@@ -117,17 +119,19 @@ def analyse(
     )
     flags: dict[int, list[Flag]] = defaultdict(list)
     for index, row in enumerate(base_rows):
-        flags[index].extend(stale_flags(row, running))
+        flags[index].extend(stale_flags(row, running, max_age_seconds))
     duplicates = find_duplicates(base_rows, flags)
     outliers = find_outliers(base_rows, flags)
     rows = tuple(_with_flags(row, tuple(flags[index])) for index, row in enumerate(base_rows))
 
     devices: dict[tuple[str, str], str] = {}
-    models: dict[str, str] = {}
+    # Columns are model keys (one model, settings and TensorFlow version each), labelled with every
+    # name their profiles give: one profile's name must not relabel the column for every host.
+    models: dict[str, set[str]] = defaultdict(set)
     cells: dict[tuple[tuple[str, str], str], set[int]] = defaultdict(set)
     for row in rows:
         devices.setdefault(row.device_id, row.device_description)
-        models.setdefault(row.model_key, row.model_name)
+        models[row.model_key].add(row.model_name)
         cells[(row.device_id, row.model_key)].add(row.safe_batch)
     return FleetReport(
         generated_at=now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -137,7 +141,7 @@ def analyse(
         duplicates=duplicates,
         outliers=outliers,
         matrix_devices=tuple((host, fingerprint, devices[(host, fingerprint)]) for host, fingerprint in sorted(devices)),
-        matrix_models=tuple(sorted(models.items(), key=lambda item: (item[1], item[0]))),
+        matrix_models=tuple((key, " / ".join(sorted(names))) for key, names in sorted(models.items())),
         matrix_cells={key: tuple(sorted(values)) for key, values in cells.items()},
     )
 

@@ -1,4 +1,4 @@
-"""The three flags of `edgebatch fleet report`: stale, duplicate and outlier rows.
+"""The three flags of `edgebatch fleet report`: stale (versions or age), duplicate and outlier rows.
 
 Pure: each function looks only at the rows (and the running versions) it is given. analyse
 (report.py) calls them; what each flag means is in its docstring there. `find_duplicates` and
@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from edgebatch.fleet.report_output import format_age
 from edgebatch.fleet.report_records import (
     DUPLICATE,
     OUTLIER,
@@ -29,12 +30,13 @@ from edgebatch.profiles.fingerprint import tf_major_minor
 OUTLIER_SPREAD_FRACTION = 0.10
 
 
-def stale_flags(row: ProfileRow, running: RunningVersions) -> list[Flag]:
-    """A STALE flag when the row's schema, TensorFlow major.minor or edgebatch differs from `running`."""
+def stale_flags(row: ProfileRow, running: RunningVersions, max_age_seconds: float | None = None) -> list[Flag]:
+    """A STALE flag when the row's schema, TensorFlow major.minor or edgebatch differs from `running`,
+    or the profile is older than `max_age_seconds` (None: age not judged)."""
     reasons = []
-    # Schema 2 only added per-length fields: a version-1 profile's answers mean what they meant.
     if row.schema_version < running.answers_unchanged_since:
-        reasons.append(f"schema {row.schema_version}, this edgebatch writes {running.schema_version}")
+        reasons.append(f"schema {row.schema_version}, this edgebatch writes {running.schema_version} "
+                       "(its safe_batch follows an older, more cautious rule)")
     if running.tensorflow is not None:
         if row.tensorflow_version is None:
             reasons.append(f"no TensorFlow version recorded, running {tf_major_minor(running.tensorflow)}")
@@ -44,6 +46,8 @@ def stale_flags(row: ProfileRow, running: RunningVersions) -> list[Flag]:
             )
     if running.edgebatch is not None and row.edgebatch_version != running.edgebatch:
         reasons.append(f"edgebatch {row.edgebatch_version}, running {running.edgebatch}")
+    if max_age_seconds is not None and row.age_seconds > max_age_seconds:
+        reasons.append(f"{format_age(row.age_seconds)} old, over the {format_age(max_age_seconds)} --max-age")
     if not reasons:
         return []
     return [Flag(STALE, "stale: " + "; ".join(reasons) + " (re-probe to trust its numbers here)")]

@@ -79,7 +79,7 @@ Flagged: {{ report.count("stale") }} stale, {{ report.count("duplicate") }} dupl
 <h2>Safe batch, device x model</h2>
 {% if report.matrix_devices %}
 <table>
-<thead><tr><th>host</th><th>device</th>{% for key, name in report.matrix_models %}<th>{{ name }}<br><code>{{ key }}</code></th>{% endfor %}</tr></thead>
+<thead><tr><th>host</th><th>device</th>{% for key, name in report.matrix_models %}<th><code>{{ key }}</code><br>{{ name }}</th>{% endfor %}</tr></thead>
 <tbody>
 {% for host, fingerprint, description in report.matrix_devices %}
 <tr><td>{{ host }}</td><td>{{ description }}<br><code>{{ fingerprint }}</code></td>

@@ -157,7 +157,7 @@ class FleetReport:
     duplicates: tuple[DuplicateGroup, ...]
     outliers: tuple[OutlierGroup, ...]
     matrix_devices: tuple[tuple[str, str, str], ...]  # (host, fingerprint, description)
-    matrix_models: tuple[tuple[str, str], ...]  # (model key, model name)
+    matrix_models: tuple[tuple[str, str], ...]  # (model key, its profiles' model names joined by ' / ')
     matrix_cells: dict[tuple[tuple[str, str], str], tuple[int, ...]]
 
     def count(self, kind: str) -> int:

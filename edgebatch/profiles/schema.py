@@ -22,16 +22,15 @@ from edgebatch.errors import ProfileError
 #: with the spread between processes counted once (summary.line_safe_batch); before, every reading
 #: (children's and those above max_batch too), which left it at 0.36-0.63 of max_batch.
 SCHEMA_VERSION = 3
-#: Older versions this edgebatch still reads. Version 2 only added optional fields, so a version-1
-#: file means what it always meant (its answers are not stale for it: fleet/report_flags.py).
+#: Older versions this edgebatch still reads. Version 2 only added optional fields.
 #: A version-1 or -2 safe_batch is smaller than version 3's, never larger: still under the budget.
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 #: The first schema whose safe_batch follows summary.safe_batch_of's rule; a reused older profile
 #: answers from its readings instead (probing/reuse.py).
 SAFE_RULE_SCHEMA = 3
 #: The oldest schema whose answers (max_batch, safe_batch, ...) mean what this one's do: a fleet
-#: report calls profiles of an older schema stale.
-ANSWERS_UNCHANGED_SINCE = 1
+#: report calls profiles of an older schema stale (their safe_batch follows the older rule).
+ANSWERS_UNCHANGED_SINCE = SAFE_RULE_SCHEMA
 
 REPROBE_FIX = "delete it or re-run `edgebatch probe --force`"
 
