@@ -54,7 +54,7 @@ EXPECTED_TAGS = {
 }
 EXPECTED_ATTRIBUTES = {("html", "lang"), ("meta", "charset"), ("td", "class"), ("tr", "class"), ("span", "class"), ("p", "class"),
                        ("img", "src"), ("img", "alt")}
-ALLOWED_CLASS_WORDS = {"num", "note", "stale", "duplicate", "outlier"}
+ALLOWED_CLASS_WORDS = {"num", "note", "flags", "stale", "duplicate", "outlier"}
 
 
 class _Collector(HTMLParser):
@@ -425,3 +425,15 @@ def test_matrix_columns_are_model_keys_whatever_one_profile_calls_the_model(tmp_
     assert report.matrix_models == ((first.model_key, "mobilenet_v2 / my_model"),)
     page = render_html(report, plots=False)
     assert f"<th><code>{first.model_key}</code><br>mobilenet_v2 / my_model</th>" in page
+
+
+def test_a_large_outlier_group_is_listed_once_not_in_every_row(tmp_path):
+    entries = [(f"{host}/p.json", make_profile(device={"host": f"host-{host:02d}"}, max_batch=50 + 5 * host,
+                                                safe_batch=40))
+               for host in range(20)]
+    report = analyse(entries, now=NOW, running=RUNNING)
+    (group,) = report.outliers
+    page = render_html(report, plots=False)
+    text = "".join(_parse(page).text)
+    assert text.count("host-00: 50 at budget") == 1  # in the Outliers list only
+    assert text.count("outlier: see Outliers below") == 20

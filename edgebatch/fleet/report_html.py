@@ -63,6 +63,7 @@ td.num { text-align: right; }
 .duplicate { background: #e3e3ff; }
 .outlier { background: #ffd9d9; }
 .note { color: #666; font-size: 0.85em; }
+td.flags { min-width: 14em; max-width: 28em; }
 code { font-size: 0.9em; }
 img { max-width: 100%; }
 </style>
@@ -113,7 +114,7 @@ Flagged: {{ report.count("stale") }} stale, {{ report.count("duplicate") }} dupl
 <td>{{ row | memory_model }}</td>
 <td>{{ row.age_seconds | age }}<br><span class="note">{{ row.created_at }}</span></td>
 <td>schema {{ row.schema_version }}<br>edgebatch {{ row.edgebatch_version }}<br>TF {{ row.tensorflow_version }}</td>
-<td>{% for flag in row.flags %}{{ flag.message }}{% if not loop.last %}<br>{% endif %}{% endfor %}</td>
+<td class="flags">{% for flag in row.flags %}{{ flag | flag_cell }}{% if not loop.last %}<br>{% endif %}{% endfor %}</td>
 <td><code>{{ row.source }}</code></td>
 </tr>
 {% endfor %}
@@ -176,6 +177,7 @@ def _environment() -> jinja2.Environment:
     environment.filters["age"] = format_age
     environment.filters["rate"] = _format_rate
     environment.filters["memory_model"] = _format_memory_model
+    environment.filters["flag_cell"] = _flag_cell
     environment.globals["row_class"] = _row_class
     environment.globals["outlier_text"] = lambda group: outlier_message(group).removeprefix("outlier: ")
     return environment
@@ -198,6 +200,16 @@ def render_html(report: FleetReport, *, plots: bool = True) -> str:
             note = f"Plots need matplotlib: {PLOTS_HINT}"
     template = _environment().from_string(TEMPLATE)
     return template.render(report=report, plots=device_plots, plots_note=note)
+
+
+def _flag_cell(flag) -> str:
+    """A flag as a table cell shows it: an outlier's or duplicate's group is listed once, below the
+    table (every host of a large group in every row's cell made rows hundreds of pixels tall)."""
+    if flag.kind == OUTLIER:
+        return "outlier: see Outliers below"
+    if flag.kind == DUPLICATE:
+        return "duplicate: see Duplicates below"
+    return flag.message
 
 
 def _row_class(row: ProfileRow) -> str:
