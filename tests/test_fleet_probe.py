@@ -12,10 +12,13 @@ are checked in tests/test_probe_real.py.
 from __future__ import annotations
 
 import json
+import signal
 import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,9 @@ from edgebatch.errors import UsageError
 from edgebatch.fleet.cluster import address_problem, node_directory
 from edgebatch.fleet.nodes import (
     DeviceResult,
+    at_batch_limit,
     format_results,
+    node_done_line,
     node_label,
     targets_from_ray_nodes,
 )
@@ -116,6 +121,71 @@ def test_cli_says_in_one_line_when_no_cluster_is_there(tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("Error: nothing answers at 127.0.0.1:1")
     assert "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def silent_port():
+    """A TCP port on 127.0.0.1 that accepts connections and never speaks (no Ray there)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    for connection in held:
+        connection.close()
+    server.close()
+
+
+@pytest.mark.slow
+def test_a_port_that_answers_but_is_no_cluster_ends_within_the_connect_timeout(tmp_path, silent_port):
+    # ray.init retries such an address for minutes, deaf to Ctrl-C; the probe gives up in one line.
+    pytest.importorskip("ray")
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "edgebatch", "fleet", "probe", "--address", f"127.0.0.1:{silent_port}",
+         "--connect-timeout", "5", "--model", "mlp", "--profiles-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=180)
+    seconds = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: Ray did not connect to the cluster at '127.0.0.1:{silent_port}' within 5 s"), last
+    assert "but Ray tried " in last and "Traceback" not in done.stderr
+    assert seconds < 60, f"took {seconds:.0f} s"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_ray_connects_stops_the_probe_at_once(tmp_path, silent_port):
+    pytest.importorskip("ray")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "edgebatch", "fleet", "probe", "--address", f"127.0.0.1:{silent_port}",
+         "--connect-timeout", "300", "--model", "mlp", "--profiles-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(8)  # Ray imported, ray.init under way
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        _out, err = child.communicate(timeout=60)
+        seconds = time.monotonic() - sent
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 130, err[-2000:]
+    assert seconds < 10, f"took {seconds:.0f} s after Ctrl-C"
+    assert "Traceback" not in err
 
 
 # ---- a real local Ray cluster ---------------------------------------------------------------
@@ -235,3 +305,46 @@ def test_edgebatch_probe_reads_the_budget_variable_a_node_sets(tmp_path):
     assert result.exit_code == 2
     assert "memory budget '100' is 100 bytes" in result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_file_travels_with_the_task_and_a_wrong_name_fails_on_the_driver(tmp_path):
+    from edgebatch.fleet.remote import ship_model
+
+    assert ship_model("mlp") is None  # built-ins are on every node with edgebatch
+    shipped = ship_model(DENSE_WIDE)
+    assert shipped.file_name == "dense_wide.py" and shipped.function == "build"
+    assert shipped.data == (HERE / "models" / "dense_wide.py").read_bytes()
+    spec = shipped.written_to(str(tmp_path))
+    assert spec == f"{tmp_path / 'dense_wide.py'}:build" and (tmp_path / "dense_wide.py").read_bytes() == shipped.data
+    with pytest.raises(UsageError, match="unknown model 'mlpp'"):
+        ship_model("mlpp")
+    with pytest.raises(UsageError, match="does not exist"):
+        ship_model(str(tmp_path / "missing.py") + ":build")
+
+
+def test_cli_refuses_a_wrong_model_before_any_connection(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "edgebatch", "fleet", "probe", "--address", "127.0.0.1:1", "--model", "mlpp",
+         "--profiles-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "unknown model 'mlpp'" in done.stderr and "nothing answers" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_finished_node_gets_one_line_and_an_answer_at_the_limit_is_marked():
+    at_limit = DeviceResult(label="a-1", device="CPU:0", ok=True, max_batch=4096, safe_batch=3686, seconds=61.4,
+                            profile={"search": {"max_batch_limit": 4096, "multiple": 1}})
+    below = DeviceResult(label="a-1", device="GPU:0", ok=True, max_batch=300, safe_batch=270, seconds=80.2,
+                         profile={"search": {"max_batch_limit": 4096, "multiple": 8}})
+    failed = DeviceResult(label="b-2", device="CPU:0", ok=False, error="budget below baseline", seconds=3.0)
+    assert node_done_line("a-1", [at_limit, below]) == (
+        "[a-1] finished after 80 s: CPU:0 max_batch 4096 (the --max-batch-limit), safe_batch 3686; "
+        "GPU:0 max_batch 300, safe_batch 270")
+    assert node_done_line("b-2", [failed]) == "[b-2] finished after 3 s: CPU:0 failed: budget below baseline"
+    table = format_results([at_limit, below, failed]).splitlines()
+    assert " 4096* " in table[1] and " 300 " in table[2] and "*" not in table[2]
+    assert table[-1].startswith("* the --max-batch-limit, not the device's ceiling")
+    # A limit that is not a multiple: the largest allowed batch is the limit rounded down.
+    rounded = DeviceResult(label="c", device="CPU:0", ok=True, max_batch=96, safe_batch=88, seconds=1.0,
+                           profile={"search": {"max_batch_limit": 100, "multiple": 8}})
+    assert at_batch_limit(rounded) and not at_batch_limit(below) and not at_batch_limit(failed)

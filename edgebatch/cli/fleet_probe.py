@@ -9,7 +9,7 @@ import click
 
 from edgebatch.cli.errors import handle_errors
 from edgebatch.cli.probe_options import search_options
-from edgebatch.fleet.cluster import DEFAULT_NODE_TIMEOUT_SECONDS, NODES_SUBDIR
+from edgebatch.fleet.cluster import DEFAULT_NODE_TIMEOUT_SECONDS, NODES_SUBDIR, RAY_INIT_TIMEOUT_SECONDS
 from edgebatch.probing.budget import MEMORY_BUDGET_ENV
 
 _FLEET_BUDGET_HELP = (
@@ -30,22 +30,32 @@ _FLEET_BUDGET_HELP = (
 @click.option("--node-timeout", "node_timeout_seconds", type=click.FloatRange(min=0, min_open=True),
               default=DEFAULT_NODE_TIMEOUT_SECONDS, show_default=True,
               help="Seconds to wait for the slowest node; a node still probing then is cancelled and reported.")
+@click.option("--connect-timeout", "connect_timeout_seconds", type=click.FloatRange(min=0, min_open=True),
+              default=RAY_INIT_TIMEOUT_SECONDS, show_default=True,
+              help="Seconds Ray may take to connect to the cluster (or start a local one) before the probe gives up.")
 @click.option("--cpus-per-task", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="CPUs each node's probe task reserves in Ray (at most what the node has).")
 @click.option("--no-save", is_flag=True, help="Do not write the profiles; only print what each node found.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record per (node, device) on stdout.")
 @handle_errors
-def probe(model_spec, address, profiles_dir, node_timeout_seconds, cpus_per_task, no_save, as_json, **options):
+def probe(model_spec, address, profiles_dir, node_timeout_seconds, connect_timeout_seconds, cpus_per_task, no_save,
+          as_json, **options):
     """Probe every alive node of a Ray cluster (each GPU of a GPU node, else its CPU) and collect the profiles.
 
-    Progress lines from every node stream to stderr as `[node device] ...`. A node that fails or
-    disappears shows its error in the result column; the others carry on. Exit status 1 if any
-    device probe failed.
+    Progress lines from every node stream to stderr as `[node device] ...`, and one line as each
+    node finishes. A node that fails or disappears shows its error in the result column; the
+    others carry on. A FILE.py or FILE.keras model is sent with the tasks, so it need not exist on
+    the nodes (modules a FILE.py imports must be installed there). Exit status 1 if any device
+    probe failed.
     """
     from edgebatch.errors import EdgebatchError
-    from edgebatch.fleet.cluster import fleet_probe
+    from edgebatch.fleet.cluster import connect, fleet_probe
     from edgebatch.fleet.nodes import format_results
 
+    from edgebatch.models.zoo import parse_model_spec
+
+    parse_model_spec(model_spec)  # a wrong name or a missing file is said before Ray starts
+    connect(address, timeout_seconds=connect_timeout_seconds)
     results = fleet_probe(
         model_spec,
         address=address,

@@ -12,12 +12,15 @@ Ray is imported only here and only when a fleet probe runs (the `fleet` extra in
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgebatch.errors import EdgebatchError, UsageError
-from edgebatch.fleet.nodes import DeviceResult, NodeTarget, targets_from_ray_nodes
+from edgebatch.fleet.nodes import DeviceResult, NodeTarget, node_done_line, targets_from_ray_nodes
+from edgebatch.fleet.remote import ShippedModel, ship_model
 
 # How often the driver wakes to print progress and check deadlines.
 POLL_SECONDS = 0.5
@@ -26,6 +29,9 @@ DEFAULT_NODE_TIMEOUT_SECONDS = 3600.0
 NODES_SUBDIR = "nodes"
 # How long the driver waits for a TCP answer from the cluster's address before saying nothing is there.
 CONNECT_TIMEOUT_SECONDS = 10.0
+# How long ray.init may take once the port answered (it starts no process when given an address;
+# a local one-node Ray starts in ~10 s on 2 cores).
+RAY_INIT_TIMEOUT_SECONDS = 60.0
 
 Progress = Callable[[str], None]
 
@@ -70,8 +76,10 @@ def fleet_probe(
     say = progress or (lambda line: None)
     from edgebatch.profiles import resolve_profiles_dir
 
+    shipped = ship_model(model_spec)  # a wrong name fails here, not on every node
+
     collection = resolve_profiles_dir(profiles_dir)
-    ray = connect(address)
+    ray = connect(address)  # a no-op where the caller connected first (connect's own timeout)
     targets = targets_from_ray_nodes(ray.nodes())
     runnable = [target for target in targets if target.cpus > 0 or target.gpus > 0]
     for target in targets:
@@ -83,15 +91,19 @@ def fleet_probe(
             "start workers with `ray start --address=HEAD:6379`"
         )
     say(f"probing {model_spec} on {len(runnable)} node(s): " + ", ".join(t.label for t in runnable))
-    results = _run_tasks(ray, runnable, model_spec, options, node_timeout_seconds, cpus_per_task, say)
+    results = _run_tasks(ray, runnable, TaskSpec(model_spec, shipped, options, cpus_per_task),
+                         node_timeout_seconds, say)
     if save:
         results = [_save(result, collection, say) for result in results]
     return results
 
 
-def connect(address: str, needs: str = "a fleet probe"):
+def connect(address: str, needs: str = "a fleet probe", timeout_seconds: float = RAY_INIT_TIMEOUT_SECONDS):
     """The `ray` module, connected to the cluster at `address` (fleet_probe's `address`); FleetError
-    when Ray is missing or nothing answers there. `needs` names the caller in the error."""
+    when Ray is missing, nothing answers there, or Ray has not connected within `timeout_seconds`.
+    `needs` names the caller in the error."""
+    # Ray's core logs each failed try to stderr, under the one line the caller prints: errors only.
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     try:
         import ray
     except ImportError as error:
@@ -100,19 +112,86 @@ def connect(address: str, needs: str = "a fleet probe"):
         ) from error
     if ray.is_initialized():
         return ray
-    init_address = None if address == "local" else address
     problem = address_problem(address)
     if problem is not None:
         raise FleetError(problem)
-    try:
-        ray.init(address=init_address, logging_level="WARNING", log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    error = _init_within(ray, None if address == "local" else address, timeout_seconds)
+    if error is None:
+        return ray
+    if isinstance(error, TimeoutError):
+        _mute_native_stderr()
+    if isinstance(error, TimeoutError) and address == "local":
+        raise FleetError(f"a one-node Ray did not start here within {timeout_seconds:g} s (--connect-timeout)")
+    if isinstance(error, TimeoutError):
         raise FleetError(
-            f"cannot connect to a Ray cluster at {address!r} ({first}): start one with `ray start --head`, "
-            "pass its address with --address HOST:PORT, or use --address local for a one-node Ray here"
-        ) from error
-    return ray
+            f"Ray did not connect to the cluster at {address!r} within {timeout_seconds:g} s (--connect-timeout): "
+            f"the port answers, but Ray tried {_address_ray_tries(ray, address)} (this machine's address as Ray "
+            "sees it) and no Ray head answered there; pass the address `ray start --head` printed, or start the "
+            "head with --node-ip-address set to an address this machine reaches"
+        )
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    raise FleetError(
+        f"cannot connect to a Ray cluster at {address!r} ({first}): start one with `ray start --head`, "
+        "pass its address with --address HOST:PORT, or use --address local for a one-node Ray here"
+    ) from error
+
+
+def _init_within(ray, init_address: str | None, timeout_seconds: float) -> Exception | None:
+    """ray.init, given `timeout_seconds`: None once connected, else the error (TimeoutError if it
+    had not returned). ray.init retries an address whose port answers but whose nodes Ray cannot
+    reach for minutes, deaf to Ctrl-C; in a daemon thread it can be abandoned, and the wait here
+    stops at Ctrl-C at once."""
+    import logging
+    import threading
+
+    outcome: dict[str, Exception | None] = {}
+
+    def init() -> None:
+        try:
+            ray.init(address=init_address, logging_level="WARNING", log_to_driver=False)
+            outcome["error"] = None
+        except Exception as error:  # Ray's own error types too: each becomes one line
+            outcome["error"] = error
+
+    quiet = _DropLine("SIGTERM handler is not set")  # Ray's note about a driver off the main thread
+    logging.getLogger("ray").addFilter(quiet)
+    logging.getLogger("ray._private.worker").addFilter(quiet)
+    connecting = threading.Thread(target=init, name="edgebatch-ray-init", daemon=True)
+    connecting.start()
+    connecting.join(timeout_seconds)
+    return outcome["error"] if "error" in outcome else TimeoutError()
+
+
+def _mute_native_stderr() -> None:
+    """Ray's abandoned ray.init keeps logging each failed try to fd 2 until the process ends: fd 2
+    goes to /dev/null, and Python's sys.stderr (where the error line goes) to a copy of the old fd 2."""
+    import sys
+
+    sys.stderr.flush()
+    kept = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    sys.stderr = open(kept, "w", buffering=1, encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+
+
+class _DropLine:
+    """A logging filter that drops records containing `text`."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def filter(self, record) -> bool:
+        return self.text not in record.getMessage()
+
+
+def _address_ray_tries(ray, address: str) -> str:
+    """The address ray.init dials for `address`: a loopback host becomes this machine's node address."""
+    port = address.rstrip("/").rpartition(":")[2]
+    try:
+        return f"{ray.util.get_node_ip_address()}:{port}"
+    except Exception:  # the message still names the cluster's address
+        return f"this machine's own address at port {port}"
 
 
 def address_problem(address: str, timeout_seconds: float = CONNECT_TIMEOUT_SECONDS) -> str | None:
@@ -141,8 +220,18 @@ def address_problem(address: str, timeout_seconds: float = CONNECT_TIMEOUT_SECON
                 "(`ray start --head`), and is this its address?")
 
 
-def _run_tasks(ray, targets: list[NodeTarget], model_spec: str, options: dict,
-               node_timeout_seconds: float, cpus_per_task: float, say: Progress) -> list[DeviceResult]:
+@dataclass(frozen=True)
+class TaskSpec:
+    """What every node's task probes, and how much CPU it reserves."""
+
+    model_spec: str
+    shipped: ShippedModel | None
+    options: dict
+    cpus_per_task: float
+
+
+def _run_tasks(ray, targets: list[NodeTarget], task: TaskSpec, node_timeout_seconds: float,
+               say: Progress) -> list[DeviceResult]:
     from ray.util.queue import Empty, Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -161,14 +250,14 @@ def _run_tasks(ray, targets: list[NodeTarget], model_spec: str, options: dict,
             except Exception:  # the driver's queue is gone; the probe's result still travels back
                 pass
 
-        return probe_devices(model_spec, devices, options, send, node_label=label)
+        return probe_devices(task.model_spec, devices, task.options, send, node_label=label, shipped=task.shipped)
 
     remote_task = ray.remote(node_task)
     pending = {}
     started = time.monotonic()
     for target in targets:
         ref = remote_task.options(
-            num_cpus=min(cpus_per_task, target.cpus),
+            num_cpus=min(task.cpus_per_task, target.cpus),
             num_gpus=target.gpus,
             max_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=target.node_id, soft=False),
@@ -183,7 +272,9 @@ def _run_tasks(ray, targets: list[NodeTarget], model_spec: str, options: dict,
             streaming = streaming and _drain(lines, Empty, say)
             for ref in ready:
                 target = pending.pop(ref)
-                results.extend(_collect(ray, ref, target, started))
+                finished = _collect(ray, ref, target, started)
+                say(node_done_line(target.label, finished))
+                results.extend(finished)
             if time.monotonic() - started > node_timeout_seconds:
                 for ref, target in list(pending.items()):
                     ray.cancel(ref, force=True)

@@ -105,6 +105,8 @@ def format_results(results: list[DeviceResult]) -> str:
         if result.ok:
             outcome = f"saved {result.profile_location}"
             max_batch, safe_batch = str(result.max_batch), str(result.safe_batch)
+            if at_batch_limit(result):
+                max_batch += "*"
         else:
             outcome = f"FAILED: {result.error}"
             max_batch = safe_batch = "-"
@@ -112,4 +114,27 @@ def format_results(results: list[DeviceResult]) -> str:
     failed = sum(1 for result in results if not result.ok)
     lines.append(f"{len(results) - failed} of {len(results)} device probes saved a profile"
                  + (f"; {failed} failed (see the result column)" if failed else ""))
+    if any(result.ok and at_batch_limit(result) for result in results):
+        lines.append("* the --max-batch-limit, not the device's ceiling: raise the limit to find how far it goes")
     return "\n".join(lines)
+
+
+def at_batch_limit(result: DeviceResult) -> bool:
+    """Whether the answer is the largest batch the search was allowed (its --max-batch-limit,
+    rounded down to --multiple): the device may take more."""
+    search = (result.profile or {}).get("search", {})
+    limit, multiple = search.get("max_batch_limit"), search.get("multiple") or 1
+    return bool(result.ok and limit and result.max_batch is not None and result.max_batch >= limit // multiple * multiple)
+
+
+def node_done_line(label: str, results: list[DeviceResult]) -> str:
+    """One progress line when a node's task has ended: each device's answer or error."""
+    seconds = max((result.seconds or 0.0) for result in results) if results else 0.0
+    parts = []
+    for result in results:
+        if result.ok:
+            limit = " (the --max-batch-limit)" if at_batch_limit(result) else ""
+            parts.append(f"{result.device} max_batch {result.max_batch}{limit}, safe_batch {result.safe_batch}")
+        else:
+            parts.append(f"{result.device} failed: {result.error}")
+    return f"[{label}] finished after {seconds:.0f} s: " + "; ".join(parts)

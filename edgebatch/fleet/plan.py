@@ -95,20 +95,7 @@ def plan_fleet(
     plan = _split(used, [share for share in shares if share > 0], update_overhead_seconds)
 
     if len(used) > 1 and update_overhead_seconds > 0:
-        alone_seconds, alone = min((device.best_layout(effective_batch)[0], index) for index, device in enumerate(devices))
-        if alone_seconds <= plan.predicted_update_seconds:
-            single = devices[alone]
-            reasons = {left.device_id: left.reason for left in left_out}
-            sharing = (
-                f"{single.label} alone ({alone_seconds:.4g} s) is no slower than sharing the update "
-                f"({plan.predicted_update_seconds:.4g} s with the {update_overhead_seconds:.4g} s overhead)"
-            )
-            left_out = [
-                LeftOut(device.device_id, device.label, reasons.get(device.device_id, sharing))
-                for device in devices
-                if device is not single
-            ]
-            plan = _split([single], [effective_batch], update_overhead_seconds)
+        plan, left_out = _alone_if_no_slower(devices, effective_batch, plan, left_out)
 
     equal, equal_micro = _equal_split(devices, effective_batch, update_overhead_seconds)
     return FleetPlan(
@@ -120,6 +107,29 @@ def plan_fleet(
         equal_micro_batch=equal_micro,
         notes=tuple(_notes(devices, plan)),
     )
+
+
+def _alone_if_no_slower(
+    devices: Sequence[PlanDevice], total: int, plan: Split, left_out: list[LeftOut]
+) -> tuple[Split, list[LeftOut]]:
+    """The fastest device alone, with every other left out, where that is no slower than the shared
+    `plan` with its overhead; else `plan` and `left_out` as they are."""
+    overhead_seconds = plan.overhead_seconds
+    alone_seconds, alone = min((device.best_layout(total)[0], index) for index, device in enumerate(devices))
+    if alone_seconds > plan.predicted_update_seconds:
+        return plan, left_out
+    single = devices[alone]
+    reasons = {left.device_id: left.reason for left in left_out}
+    sharing = (
+        f"{single.label} alone ({alone_seconds:.4g} s) is no slower than sharing the update "
+        f"({plan.predicted_update_seconds:.4g} s with the {overhead_seconds:.4g} s overhead)"
+    )
+    left_out = [
+        LeftOut(device.device_id, device.label, reasons.get(device.device_id, sharing))
+        for device in devices
+        if device is not single
+    ]
+    return _split([single], [total], overhead_seconds), left_out
 
 
 def _minimax_shares(devices: Sequence[PlanDevice], total: int) -> tuple[list[int], float]:

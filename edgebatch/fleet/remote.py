@@ -15,10 +15,41 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from edgebatch.probing.budget import MEMORY_BUDGET_ENV
+
+
+@dataclass(frozen=True)
+class ShippedModel:
+    """A FILE.py or FILE.keras model read on the driver and travelling with each node's task, so it
+    need not exist on the nodes. Only the file itself: modules a FILE.py imports must be installed there."""
+
+    file_name: str
+    data: bytes
+    function: str | None  # FILE.py's function; None for a .keras file
+
+    def written_to(self, directory: str) -> str:
+        """Write the file into `directory`; the model spec that names it there."""
+        path = Path(directory) / self.file_name
+        path.write_bytes(self.data)
+        return str(path) if self.function is None else f"{path}:{self.function}"
+
+
+def ship_model(model_spec: str) -> ShippedModel | None:
+    """The model file to send with the tasks, or None for a built-in name; a UsageError here, on the
+    driver, for a name or file that does not exist (before any node spends time on it)."""
+    from edgebatch.models.zoo import parse_model_spec
+
+    spec = parse_model_spec(model_spec)
+    if spec.path is None:
+        return None
+    path = Path(spec.path)
+    return ShippedModel(path.name, path.read_bytes(), spec.function)
 
 
 def node_budget(explicit: str | int | None) -> tuple[str | int | None, str]:
@@ -37,6 +68,7 @@ def probe_devices(
     options: dict,
     send: Callable[[str, str], None],
     node_label: str | None = None,
+    shipped: ShippedModel | None = None,
 ) -> list[dict]:
     """Probe each device in turn; one result dict per device, never an exception for a failed probe.
 
@@ -44,8 +76,17 @@ def probe_devices(
     `send(device, line)` carries a progress line to the driver. A result is
     {"device", "ok", "seconds", "profile" (a profile dict, with `node_label`, else this machine's
     hostname, added under device.host: what fleet reports and plans tell devices apart by)} or
-    {"device", "ok": False, "seconds", "error": one line}.
+    {"device", "ok": False, "seconds", "error": one line}. With `shipped`, the model file is
+    written to a temporary directory here and probed from there.
     """
+    if shipped is None:
+        return _probe_each(model_spec, devices, options, send, node_label)
+    with tempfile.TemporaryDirectory(prefix="edgebatch-model-") as directory:
+        return _probe_each(shipped.written_to(directory), devices, options, send, node_label)
+
+
+def _probe_each(model_spec: str, devices: tuple[str, ...], options: dict, send: Callable[[str, str], None],
+                node_label: str | None) -> list[dict]:
     from edgebatch.errors import EdgebatchError
     from edgebatch.probing import probe
 
