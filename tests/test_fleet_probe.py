@@ -237,6 +237,8 @@ def test_fleet_probe_writes_one_profile_per_node_and_reports_the_failing_one(clu
     # Progress streamed from every node, tagged with it.
     for node in (small, large, broken):
         assert f"[{label_of(node)} CPU:0] probing" in done.stderr
+        assert f"[{label_of(node)}] finished after" in done.stderr  # a line as each node ends
+    assert "CPU:0 max_batch 64 (the --max-batch-limit), safe_batch" in done.stderr
     assert done.stderr.strip().splitlines()[-1] == "Error: 1 of 3 device probes failed (see the table above)"
 
     profiles = {}
