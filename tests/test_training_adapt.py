@@ -144,3 +144,20 @@ def test_bad_adapt_settings_are_usage_errors():
     small = Governor(GovernorConfig(ceiling_batch=4, effective_batch=4))
     with pytest.raises(UsageError, match="at least the starting batch"):
         fit(make_model(), make_dataset(x, y), adapt=AdaptConfig(), governor=small, **arguments)
+
+
+def test_a_goodput_run_moves_the_batch_for_goodput_and_equals_the_plain_loop():
+    from edgebatch.adapt.goodput import StepCurve
+
+    x, y = make_data(120)
+    model = make_model()
+    # Flat 0.1 s steps up to 64 and a memory ceiling of 24: every example more per step is free up
+    # to the ceiling, so goodput grows the batch (x1.5 a check) to the 24 allowed.
+    config = AdaptConfig(policy="goodput", throughput=StepCurve((1, 64), (10.0, 640.0)), check_every_updates=1,
+                         cooldown_updates=0, max_effective_batch_samples=24, lr_rule="linear", drift_rise=0.89)
+    governor = Governor(GovernorConfig(ceiling_batch=24, effective_batch=24))
+    report = fit(model, make_dataset(x, y), loss=make_loss(), optimizer=make_optimizer("sgd"),
+                 effective_batch=6, epochs=2, adapt=config, governor=governor)
+    assert report.adapt_changes and all(change["reason"].startswith("goodput: ") for change in report.adapt_changes)
+    assert max(record.effective_batch for record in report.updates) == 24
+    assert max_weight_diff([np.array(w) for w in model.get_weights()], replay(x, y, report, "sgd")) < 1e-5

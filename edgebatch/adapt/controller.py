@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from edgebatch.adapt.goodput import GoodputChoice, best_batch
 from edgebatch.adapt.policy import (
     AdaptConfig,
     AdaptDecision,
@@ -94,11 +95,22 @@ class AdaptController:
         self.check_loss_sum = 0.0  # loss x updates since the previous check (mean of update losses)
         self.check_updates = 0
         self.rate_at_change: float | None = None
+        self.last_noise_scale_samples: float | None = None
 
     @property
     def effective_batch_samples(self) -> int:
         """The effective batch the next update should take."""
         return self.state.effective_batch_samples
+
+    def _goodput(self, noise: float | None, memory_micro_batch_samples: int) -> GoodputChoice | None:
+        """policy="goodput": the batch of highest goodput on the config's curve, within its bounds and
+        micro-batches of the memory governor's size; None under another policy or before a noise scale."""
+        cfg = self.config
+        if cfg.policy != "goodput" or noise is None or not math.isfinite(noise) or noise < 0:
+            return None
+        bounds = (cfg.min_effective_batch_samples, cfg.max_effective_batch_samples)
+        return best_batch(cfg.throughput, noise, self.state.base_effective_batch_samples,
+                          max(1, int(memory_micro_batch_samples)), bounds)
 
     def split_micro_batch(self, memory_micro_batch_samples: int) -> int:
         """The micro-batch to split the next update with: the memory governor's, and small enough
@@ -163,12 +175,20 @@ class AdaptController:
         ratio = None
         if rate is not None and self.rate_at_change is not None and self.rate_at_change > 0:
             ratio = float(rate) / self.rate_at_change
+        noise = noise_scale_samples(self.noise)
+        if noise is not None and math.isfinite(noise):
+            self.last_noise_scale_samples = noise
+        # Goodput decides from the noise scale last measured: on small noisy problems the estimate
+        # is undefined (a negative |G|^2) on many single updates.
+        goodput = self._goodput(self.last_noise_scale_samples, memory_micro_batch_samples) if checked else None
         stats = AdaptStats(
-            noise_scale_samples=noise_scale_samples(self.noise),
+            noise_scale_samples=noise,
             mean_cosine=mean_agreement(self.agreement, cfg.cosine_window_updates),
             plateau=plateau,
             schedule_lr_ratio=ratio,
             drift=drift,
+            goodput_batch_samples=None if goodput is None else goodput.effective_batch_samples,
+            goodput_note="" if goodput is None else goodput.describe(),
         )
         self.state, decision = decide(cfg, self.state, stats, memory_micro_batch_samples)
         if decision.changed:
@@ -207,6 +227,7 @@ class AdaptController:
             "check_loss_sum": self.check_loss_sum,
             "check_updates": self.check_updates,
             "rate_at_change": self.rate_at_change,
+            "last_noise_scale_samples": self.last_noise_scale_samples,
         }
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
@@ -221,3 +242,5 @@ class AdaptController:
         self.check_updates = int(data["check_updates"])
         rate = data["rate_at_change"]
         self.rate_at_change = None if rate is None else float(rate)
+        noise = data.get("last_noise_scale_samples")  # absent from checkpoints written before goodput
+        self.last_noise_scale_samples = None if noise is None else float(noise)

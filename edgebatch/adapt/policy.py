@@ -18,10 +18,16 @@ import math
 import numbers
 from dataclasses import dataclass, replace
 
+from edgebatch.adapt.goodput import StepCurve
 from edgebatch.adapt.lr_coupling import LR_RULES, lr_scale
 from edgebatch.errors import UsageError
 
+#: "noise_scale": grow while the batch is under the noise scale (trigger 6 of `_trigger`);
+#: "goodput": move to the batch of highest predicted goodput (adapt/goodput.py) instead.
+POLICIES = ("noise_scale", "goodput")
+
 __all__ = [
+    "POLICIES",
     "AdaptConfig",
     "AdaptConfigError",
     "AdaptDecision",
@@ -75,6 +81,11 @@ class AdaptConfig:
     Noise-scale theory says the opposite (low agreement: below the noise scale: grow), which the
     noise trigger already does. `AdaptConfig.seed_rules()` turns the seed's rules back on to
     reproduce it.
+
+    `policy="goodput"` replaces the noise-scale growth rule with the batch of highest predicted
+    goodput (throughput x statistical efficiency, adapt/goodput.py) on the device's measured curve,
+    `throughput` (e.g. `StepCurve.from_profile(profile)`); drift, plateau and schedule still fire
+    first, and a change stays within the growth and shrink bounds.
     """
 
     min_effective_batch_samples: int = 1
@@ -99,6 +110,8 @@ class AdaptConfig:
     drift_recent_examples: int = 256  # the recent window of per-example losses (signals.DriftState)
     drift_reference_examples: int = 1024  # the window before it, whose quantile defines "hard"
     min_pieces_per_update: int = 2  # split every update at least this often: the two-batch pair
+    policy: str = "noise_scale"  # POLICIES
+    throughput: StepCurve | None = None  # samples/s by micro-batch: what policy="goodput" predicts with
 
     @classmethod
     def seed_rules(cls, **overrides) -> "AdaptConfig":
@@ -137,6 +150,15 @@ class AdaptConfig:
         _integer(self, "drift_recent_examples", 1)
         _integer(self, "drift_reference_examples", 1)
         _integer(self, "min_pieces_per_update", 1)
+        if self.policy not in POLICIES:
+            raise AdaptConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.throughput is not None and not isinstance(self.throughput, StepCurve):
+            raise AdaptConfigError(f"throughput must be an edgebatch.adapt.goodput.StepCurve, got {self.throughput!r}")
+        if self.policy == "goodput" and self.throughput is None:
+            raise AdaptConfigError(
+                "policy='goodput' needs a throughput source: throughput=StepCurve.from_profile(profile) "
+                "(a probe's samples/s by batch) or StepCurve.from_points([(batch, samples_per_second), ...])"
+            )
 
 
 @dataclass(frozen=True)
@@ -148,6 +170,8 @@ class AdaptStats:
     plateau: bool = False  # signals.is_plateau
     schedule_lr_ratio: float | None = None  # schedule rate now / at the last change
     drift: bool = False  # signals.drift_detected
+    goodput_batch_samples: int | None = None  # policy="goodput": the batch goodput.best_batch chose
+    goodput_note: str = ""  # and what it predicts there (GoodputChoice.describe)
 
 
 @dataclass(frozen=True)
@@ -233,7 +257,7 @@ def decide(
         return new_state, _decision(config, new_state, memory_micro_batch_samples, changed=False)
     if direction < 0:
         bound = min(math.ceil(current * config.max_shrink_factor), current - 1)
-        target = max(bound, config.min_effective_batch_samples)  # = current at the minimum
+        target = max(bound, config.min_effective_batch_samples, math.ceil(current * wanted_factor - 1e-9))
     else:
         target = _grow_target(config, current, wanted_factor, stats.noise_scale_samples)
     if target == current:
@@ -260,7 +284,8 @@ def _trigger(config: AdaptConfig, stats: AdaptStats, current: int) -> tuple[int,
        <= schedule_decay_ratio: grow by 1 / ratio instead (still within the growth bound);
     6. below the noise scale: effective < grow_below_noise_fraction x stats.noise_scale_samples:
        grow (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training": batches well
-       below the noise scale B_simple waste steps; well above it, waste examples).
+       below the noise scale B_simple waste steps; well above it, waste examples). With
+       policy="goodput" instead: toward stats.goodput_batch_samples, up or down.
     A statistic that is None (not measured yet) fires nothing.
     """
     if stats.drift:
@@ -275,6 +300,8 @@ def _trigger(config: AdaptConfig, stats: AdaptStats, current: int) -> tuple[int,
     ratio = stats.schedule_lr_ratio
     if config.schedule_decay_ratio is not None and ratio is not None and 0.0 < ratio <= config.schedule_decay_ratio:
         return 1, f"schedule decayed the rate to {ratio:.2f}x: grow the batch instead", 1.0 / ratio
+    if config.policy == "goodput":
+        return _goodput_trigger(stats, current)
     noise = stats.noise_scale_samples
     fraction = config.grow_below_noise_fraction
     if fraction is not None and noise is not None and current < fraction * noise:
@@ -282,15 +309,24 @@ def _trigger(config: AdaptConfig, stats: AdaptStats, current: int) -> tuple[int,
     return 0, "", 0.0
 
 
+def _goodput_trigger(stats: AdaptStats, current: int) -> tuple[int, str, float]:
+    """Toward the goodput batch, when known and not the current one (the wanted factor bounds the move)."""
+    target = stats.goodput_batch_samples
+    if target is None or target == current:
+        return 0, "", 0.0
+    return (1 if target > current else -1), f"goodput: {stats.goodput_note}", target / current
+
+
 def _grow_target(config: AdaptConfig, current: int, wanted_factor: float, noise: float | None) -> int:
     """floor(current x min(max_grow_factor, wanted)), at least current + 1, at most the max and the
-    noise-scale cap; `current` when the max or the cap leave no room."""
+    noise-scale cap (not under policy="goodput", whose efficiency term already counts the noise);
+    `current` when the max or the cap leave no room."""
     limit = config.max_effective_batch_samples
-    if config.noise_cap_factor is not None and noise is not None:
+    if config.noise_cap_factor is not None and noise is not None and config.policy != "goodput":
         limit = min(limit, math.floor(config.noise_cap_factor * noise))
     if limit <= current:
         return current
-    bound = math.floor(current * min(config.max_grow_factor, wanted_factor))
+    bound = math.floor(current * min(config.max_grow_factor, wanted_factor) + 1e-9)  # 1e-9: float rounding
     return min(max(bound, current + 1), limit)
 
 
@@ -299,6 +335,8 @@ def _limit_note(config: AdaptConfig, current: int, direction: int, noise: float 
         return f"at min_effective_batch_samples {config.min_effective_batch_samples}"
     if current >= config.max_effective_batch_samples:
         return f"at max_effective_batch_samples {config.max_effective_batch_samples}"
+    if config.policy == "goodput":
+        return "at the goodput batch"
     return f"at the noise-scale cap {config.noise_cap_factor:g} x {noise:.0f}"
 
 
