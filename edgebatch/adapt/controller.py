@@ -102,6 +102,14 @@ class AdaptController:
         """The effective batch the next update should take."""
         return self.state.effective_batch_samples
 
+    def _schedule_ratio(self, rate: float | None) -> float | None:
+        """The schedule's rate now over its rate at the last change (the first rate seen counts as one)."""
+        if rate is not None and self.rate_at_change is None:
+            self.rate_at_change = float(rate)
+        if rate is not None and self.rate_at_change is not None and self.rate_at_change > 0:
+            return float(rate) / self.rate_at_change
+        return None
+
     def _goodput(self, noise: float | None, memory_micro_batch_samples: int) -> GoodputChoice | None:
         """policy="goodput": the batch of highest goodput on the config's curve, within its bounds and
         micro-batches of the memory governor's size; None under another policy or before a noise scale."""
@@ -169,12 +177,7 @@ class AdaptController:
                 loss_change = abs(mean_loss - previous) / abs(previous)
             plateau = is_plateau(self.plateau, cfg.plateau_checks, cfg.plateau_relative_tolerance)
             self.check_loss_sum, self.check_updates = 0.0, 0
-        rate = measurement.schedule_rate
-        if rate is not None and self.rate_at_change is None:
-            self.rate_at_change = float(rate)
-        ratio = None
-        if rate is not None and self.rate_at_change is not None and self.rate_at_change > 0:
-            ratio = float(rate) / self.rate_at_change
+        ratio = self._schedule_ratio(measurement.schedule_rate)
         noise = noise_scale_samples(self.noise)
         if noise is not None and math.isfinite(noise):
             self.last_noise_scale_samples = noise
@@ -194,6 +197,7 @@ class AdaptController:
         if decision.changed:
             # The schedule trigger compares with the rate at the last change; a changed batch also
             # starts a new plateau history (losses at another batch size are not comparable).
+            rate = measurement.schedule_rate
             self.rate_at_change = None if rate is None else float(rate)
             self.plateau = PlateauState()
         reading = AdaptReading(
