@@ -100,10 +100,9 @@ def fleet_probe(
 
 def connect(address: str, needs: str = "a fleet probe", timeout_seconds: float = RAY_INIT_TIMEOUT_SECONDS):
     """The `ray` module, connected to the cluster at `address` (fleet_probe's `address`); FleetError
-    when Ray is missing, nothing answers there, or Ray has not connected within `timeout_seconds`.
-    `needs` names the caller in the error."""
-    # Ray's core logs each failed try to stderr, under the one line the caller prints: errors only.
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    when Ray is missing, nothing answers there, or Ray has not connected within `timeout_seconds`
+    (then Ray's abandoned connection is left running and its native log lines are muted: see
+    `_mute_native_stderr`). `needs` names the caller in the error."""
     try:
         import ray
     except ImportError as error:
