@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,3 +130,48 @@ def test_planned_shares_with_own_governors_match_the_plain_loop_and_a_give_up_st
     assert first["give_up"]["error"] and first["give_up"]["error"].split(" (this is")[0] == \
         second["give_up"]["error"].split(" (this is")[0]
     assert "worker(s) [1] of 2" in first["give_up"]["error"] and "update 2" in first["give_up"]["error"]
+
+
+_REFUSALS = r'''
+import json, os, sys
+os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+sys.path.insert(0, sys.argv[1])
+import keras
+import tensorflow as tf
+from edgebatch.adapt import AdaptConfig
+from edgebatch.errors import UsageError
+from edgebatch.training import fit
+from test_training_support import make_data, make_dataset, make_loss, make_model
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()  # no TF_CONFIG: one worker, still multi-worker
+x, y = make_data(16)
+lines = {}
+for name, extra in (("adapt", {"adapt": AdaptConfig()}),
+                    ("loss_scale", {"optimizer": "loss_scale"})):
+    with strategy.scope():
+        model = make_model()
+        optimizer = keras.optimizers.SGD(0.1)
+        if extra.get("optimizer") == "loss_scale":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    arguments = {key: value for key, value in extra.items() if key != "optimizer"}
+    try:
+        fit(model, make_dataset(x, y), loss=make_loss(), optimizer=optimizer, effective_batch=8, **arguments)
+        lines[name] = None
+    except UsageError as error:
+        lines[name] = str(error)
+print("@@result " + json.dumps(lines))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_adapt_and_loss_scaling_are_refused_under_multi_worker_with_the_reason():
+    tests_dir = str(Path(__file__).resolve().parent)
+    done = subprocess.run([sys.executable, "-c", _REFUSALS, tests_dir], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("@@result "))[9:])
+    assert result["adapt"].startswith("adapt=... is not supported under MultiWorkerMirroredStrategy yet: its "
+                                      "decisions come from each process's own gradient statistics")
+    assert result["loss_scale"].startswith("loss scaling (LossScaleOptimizer) is not supported under "
+                                           "MultiWorkerMirroredStrategy yet")
+    assert all("\n" not in line for line in result.values())

@@ -25,6 +25,7 @@ from edgebatch.training.loop_parts import Control, Schedule, Trainee
 from edgebatch.training.model_checks import (
     batch_norm_layers,
     is_multi_worker,
+    loss_scale_kind,
     mirrored_strategy_of,
     random_layers,
     refuse_unsupported_precision,
@@ -162,7 +163,7 @@ def _planned(given: _FitArguments) -> _FitPlan:
     strategy = mirrored_strategy_of(given.model, optimizer)
     replicas = 1 if strategy is None else int(strategy.num_replicas_in_sync)
     multi_worker = strategy is not None and is_multi_worker(strategy)
-    _check_multi_worker(multi_worker, given.worker_shares, checkpointing)
+    _check_multi_worker(multi_worker, given, checkpointing, optimizer)
     dataset, element_spec, unbatched = prepare_dataset(given.dataset, given.model)
     sequences = check_sequences(sequences, effective_batch, element_spec, given.adapt, strategy)
     if checkpointing is not None:
@@ -225,11 +226,27 @@ def _check_records(checkpointing: Any, sequences: Any, logs: Any) -> tuple[Any, 
     return checkpointing, sequences or Sequences(), logs or Logs()
 
 
-def _check_multi_worker(multi_worker: bool, worker_shares: Any, checkpointing: Checkpointing | None) -> None:
-    if worker_shares is not None and not multi_worker:
+def _check_multi_worker(multi_worker: bool, given: _FitArguments, checkpointing: Checkpointing | None,
+                        optimizer: Any) -> None:
+    """UsageError, one line with the reason, for what fit cannot run under MultiWorkerMirroredStrategy."""
+    if given.worker_shares is not None and not multi_worker:
         raise UsageError("worker_shares applies only under tf.distribute.MultiWorkerMirroredStrategy")
-    if multi_worker and checkpointing is not None:
+    if not multi_worker:
+        return
+    if checkpointing is not None:
         raise UsageError("checkpointing (checkpoint_dir) is not supported under MultiWorkerMirroredStrategy yet: drop it")
+    if given.adapt is not None:
+        raise UsageError(
+            "adapt=... is not supported under MultiWorkerMirroredStrategy yet: its decisions come from each "
+            "process's own gradient statistics, and fit has no step that makes every worker take the same one; "
+            "drop adapt, or train on one worker"
+        )
+    if loss_scale_kind(optimizer) is not None:
+        raise UsageError(
+            f"loss scaling ({type(optimizer).__name__}) is not supported under MultiWorkerMirroredStrategy yet: "
+            "fit's exact accumulation with a dynamic loss scale is checked on one device only; use "
+            "mixed_bfloat16 (no loss scaling), or train on one worker"
+        )
 
 
 def _effective_batch(effective_batch: Any, governor: Any) -> Any:
