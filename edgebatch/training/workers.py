@@ -154,7 +154,8 @@ class WorkerGroup:
 
         self.strategy = strategy
         resolver = strategy.cluster_resolver
-        self.index = int(resolver.task_id)
+        # Without TF_CONFIG the strategy is one worker and names no task: it is worker 0 of 1.
+        self.index = int(resolver.task_id or 0)
         self.count = len(resolver.cluster_spec().as_dict().get("worker", [])) or 1
         local = int(strategy.num_replicas_in_sync) // self.count
         if local != 1:
