@@ -335,8 +335,6 @@ def _limit_note(config: AdaptConfig, current: int, direction: int, noise: float 
         return f"at min_effective_batch_samples {config.min_effective_batch_samples}"
     if current >= config.max_effective_batch_samples:
         return f"at max_effective_batch_samples {config.max_effective_batch_samples}"
-    if config.policy == "goodput":
-        return "at the goodput batch"
     return f"at the noise-scale cap {config.noise_cap_factor:g} x {noise:.0f}"
 
 

@@ -71,8 +71,8 @@ def plan_fleet(
 
     The plan minimises the update time over integer shares summing to N and every allowed micro-batch
     per device: a bisection on the update time T (a device's largest share within T is monotone in T),
-    then the shares at the smallest feasible T are trimmed to sum to N exactly, always from the device
-    that is slowest at that moment. The result is optimal to within a relative 1e-12 of the update
+    then N is split in proportion to each device's largest share within the smallest feasible T
+    (largest remainders first), so equal devices get equal shares. The result is optimal to within a relative 1e-12 of the update
     time (the bisection's tolerance). A device whose share ends at 0 is left out, with the reason.
     """
     if isinstance(effective_batch, bool) or not isinstance(effective_batch, int) or effective_batch < 1:
@@ -86,7 +86,6 @@ def plan_fleet(
         raise UsageError(f"the update overhead must be >= 0 seconds, got {update_overhead_seconds!r}")
 
     shares, parallel_seconds = _minimax_shares(devices, effective_batch)
-    shares = _balanced_shares(devices, shares)
     used = [device for device, share in zip(devices, shares) if share > 0]
     left_out: list[LeftOut] = []
     for device, share in zip(devices, shares):
@@ -151,37 +150,23 @@ def _minimax_shares(devices: Sequence[PlanDevice], total: int) -> tuple[list[int
             low = middle
     while capacity(high) < total:  # rounding in max_share_within at the very edge: step just past it
         high = float(np.nextafter(high, math.inf)) * (1 + _RELATIVE_TOLERANCE)
-    shares = [device.max_share_within(high, total) for device in devices]
-    excess = sum(shares) - total
-    # Trim to exactly `total`, always from the device that is slowest now; jump whole plateaus of
-    # equal time at once so the loop ends after at most (devices x distinct times) rounds.
-    while excess > 0:
-        times = [device.best_layout(share)[0] if share else -1.0 for device, share in zip(devices, shares)]
-        index = max(range(len(devices)), key=lambda i: (times[i], shares[i]))
-        device, share = devices[index], shares[index]
-        below = device.max_share_within(float(np.nextafter(times[index], 0.0)), share - 1)
-        cut = min(excess, share - below)
-        shares[index] -= cut
-        excess -= cut
+    shares = _apportioned([device.max_share_within(high, total) for device in devices], total)
     parallel_seconds = max(device.best_layout(share)[0] for device, share in zip(devices, shares) if share)
     return shares, parallel_seconds
 
 
-def _balanced_shares(devices: Sequence[PlanDevice], shares: list[int]) -> list[int]:
-    """The same total, in proportion to what each device does within the update time `shares` reach
-    (largest remainders first). No device ends slower than that time, and equal devices get equal
-    shares: where step times are flat over a stretch of batches, the trim leaves them uneven or idle."""
-    total = sum(shares)
-    seconds = max(device.best_layout(share)[0] for device, share in zip(devices, shares) if share)
-    capacity = [max(share, device.max_share_within(seconds, total)) for device, share in zip(devices, shares)]
+def _apportioned(capacity: list[int], total: int) -> list[int]:
+    """`total` (<= sum(capacity)) split in proportion to `capacity`, largest remainders first, none
+    over its capacity. Every share then ends within the update time the capacities were read at, and
+    equal devices get equal shares (flat stretches of step times leave many optimal splits)."""
     exact = [total * room / sum(capacity) for room in capacity]
-    balanced = [min(room, math.floor(part)) for room, part in zip(capacity, exact)]
-    by_remainder = sorted(range(len(shares)), key=lambda index: (balanced[index] - exact[index], index))
-    while sum(balanced) < total:  # each pass adds at most one per device, within its capacity
+    shares = [min(room, math.floor(part)) for room, part in zip(capacity, exact)]
+    by_remainder = sorted(range(len(capacity)), key=lambda index: (shares[index] - exact[index], index))
+    while sum(shares) < total:  # each pass adds at most one per device, within its capacity
         for index in by_remainder:
-            if sum(balanced) < total and balanced[index] < capacity[index]:
-                balanced[index] += 1
-    return balanced
+            if sum(shares) < total and shares[index] < capacity[index]:
+                shares[index] += 1
+    return shares
 
 
 def _split(devices: Sequence[PlanDevice], shares: Sequence[int], overhead_seconds: float) -> Split:
