@@ -89,12 +89,6 @@ def test_bad_input_is_one_usage_error(call, message):
         call(StepCurve((1, 8), (1.0, 8.0)))
 
 
-def test_a_wide_range_is_searched_quickly():
-    curve = StepCurve.from_points([(2**k, 100.0 * 2**k / (1 + 0.01 * 2**k)) for k in range(0, 13)], 0.01)
-    choice = best_batch(curve, 2000.0, 32, 4096, (1, 65536))
-    assert 1 <= choice.effective_batch_samples <= 65536 and np.isfinite(choice.goodput)
-
-
 def test_a_committed_profile_gives_its_measured_curve():
     import glob
 
