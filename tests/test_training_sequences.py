@@ -101,17 +101,22 @@ LENGTH_CEILINGS = {8: 6, 16: 3, 32: 2}
 
 
 @pytest.mark.parametrize("failures", [[], [1, 4]])
-def test_pieces_cut_by_length_ceilings_equal_the_plain_padded_loop(failures):
+@pytest.mark.parametrize("cut", ["greedy", "piece cost"])
+def test_pieces_cut_by_length_ceilings_equal_the_plain_padded_loop(failures, cut):
     """Short examples run in larger pieces than long ones, none above its length's ceiling or the
-    governor's share of it; the weights equal the plain loop's, OOMs injected or not."""
+    governor's share of it; the weights equal the plain loop's, OOMs injected or not, whether each
+    piece is as large as it may be or the cut follows a piece cost (piece_cost.py)."""
     from edgebatch.training import LengthCeilings
+    from edgebatch.training.piece_cost import PieceCost
 
     tokens, labels = sequences()
     ceilings = LengthCeilings.from_mapping(LENGTH_CEILINGS)
+    if cut == "piece cost":  # a step costs as much as 100 tokens: pieces of short examples stay large
+        ceilings = LengthCeilings(ceilings.table, piece_cost=PieceCost(1e-3, 1e-5))
     model = masked_model()
     with inject_oom(failures):
         report = fit(model, dataset(tokens, labels), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                     optimizer=keras.optimizers.Adam(0.01), effective_batch=EFFECTIVE, length_ceilings=LENGTH_CEILINGS)
+                     optimizer=keras.optimizers.Adam(0.01), effective_batch=EFFECTIVE, length_ceilings=ceilings)
     assert report.examples_seen == 40 and len(report.oom_events) == len(failures)
     governor_micro_batch = 6  # the ceiling at the shortest probed length (8 tokens): the default governor's
     for record in report.updates:

@@ -4,7 +4,8 @@
   OOM retry in place, checkpoint/resume, TensorBoard and JSONL logs; returns a `FitReport`. Its
   rarer settings are records (options.py): `Checkpointing`, `Sequences`, `Logs`.
   `LengthCeilings` (length_ceilings.py): micro-batch ceilings by sequence length, for
-  `Sequences(length_ceilings=...)` (from a probe per length's profile); `length_window_examples`
+  `Sequences(length_ceilings=...)` (from a probe per length's profile, whose step times give the
+  `PieceCost` that says where to cut an update, piece_cost.py); `length_window_examples`
   cuts updates from length-sorted windows of the stream (length_window.py).
 - `inject_oom([2, 5])` / env `EDGEBATCH_INJECT_OOM=2,5`: make chosen micro-batches fail (tests).
 - `supervise(["python", "train.py"], checkpoint_dir=...)` (supervisor.py): run training in a child and
@@ -21,6 +22,7 @@ from typing import Any
 from edgebatch.training.injection import ENV_INJECT_OOM, inject_oom, parse_oom_indices
 from edgebatch.training.length_ceilings import LengthCeilings
 from edgebatch.training.loop import fit
+from edgebatch.training.piece_cost import PieceCost
 from edgebatch.training.options import Checkpointing, Logs, Sequences
 from edgebatch.training.records import FitReport, OomEvent, Progress, UpdateRecord
 from edgebatch.training.restart_policy import SupervisorReport
@@ -35,6 +37,7 @@ __all__ = [
     "Logs",
     "MicroBatchController",
     "OomEvent",
+    "PieceCost",
     "Progress",
     "Sequences",
     "TfKerasGovernorCallback",

@@ -6,29 +6,34 @@ variable-length examples sorted by length within each update (sequences.py); wit
 `LengthCeilings` it cuts the update into pieces whose size follows the length of the examples in
 them, instead of one micro-batch size for every piece.
 
-The rules, all pure (no TensorFlow, no numpy): buckets come from the probed lengths and nothing
-between them is predicted (`ceiling_at`); the governor's micro-batch is a share of every length's
-ceiling (`piece_limit`); a piece that runs out of memory is told to the governor in its units
-(`governor_size`); `split` cuts an update into pieces.
+The rules, all pure (no TensorFlow): buckets come from the probed lengths and nothing between them
+is predicted (`ceiling_at`); the governor's micro-batch is a share of every length's ceiling
+(`piece_limit`); a piece that runs out of memory is told to the governor in its units
+(`governor_size`); `split` cuts an update into pieces: with a `piece_cost` (from a profile's step
+times) where the predicted time is least (piece_cost.py), else each piece as large as it may be.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from edgebatch.errors import UsageError
+from edgebatch.training.piece_cost import PieceCost
 
 __all__ = ["LengthCeilings"]
 
 
 @dataclass(frozen=True)
 class LengthCeilings:
-    """Ceilings (examples per micro-batch) at probed sequence lengths (tokens), ascending by length."""
+    """Ceilings (examples per micro-batch) at probed sequence lengths (tokens), ascending by length;
+    `piece_cost`, when known, says where to cut an update (split)."""
 
     table: tuple[tuple[int, int], ...]
+    piece_cost: PieceCost | None = None
 
     def __post_init__(self) -> None:
         if not self.table:
@@ -51,7 +56,8 @@ class LengthCeilings:
         """From a probe per length's profile (`DeviceProfile.per_length`): each length's safe_batch,
         or its max_batch with `use_max_batch` (as Governor.from_profile chooses its ceiling). Warns,
         as Governor.from_profile does, when this process runs another inter-op or malloc arena
-        setting than the profile was measured with."""
+        setting than the profile was measured with. The probe's step times at its lengths give
+        `piece_cost` (None where too few trials were timed)."""
         from edgebatch.settings import warn_on_mismatches
 
         warn_on_mismatches(profile)
@@ -68,7 +74,8 @@ class LengthCeilings:
             if ceiling is None:
                 raise UsageError(f"the profile has no {which} at length {length}: probe that length again")
             table[int(length)] = int(ceiling)
-        return cls.from_mapping(table)
+        ceilings = cls.from_mapping(table)
+        return dataclasses.replace(ceilings, piece_cost=PieceCost.from_trials(getattr(profile, "trials", ())))
 
     @property
     def reference_ceiling(self) -> int:
@@ -121,21 +128,31 @@ class LengthCeilings:
 
     def split(self, lengths: Sequence[int], governor_micro_batch: int, upper: int,
               max_examples: int | None = None) -> list[int]:
-        """Piece sizes for consecutive examples of these lengths: each piece as large as the limit at
-        its longest example allows, and at most `max_examples` (greedy; fit passes an update in
-        order of length, where this packs best). The sizes sum to len(lengths).
+        """Piece sizes for consecutive examples of these lengths, each at most the limit at its
+        longest example and at most `max_examples`; they sum to len(lengths). fit passes an update in
+        order of length, where cutting packs best.
+
+        With a `piece_cost` the cut has the least predicted time (PieceCost.cut: a piece is cut where
+        padding it would cost more than another step); without one each piece is as large as it may
+        be (greedy), whatever its padding.
 
         With an adaptive batch `max_examples` is the controller's bound that keeps at least two
         pieces per update (training/adaptive.py), which the governor's share alone does not give
         where the short lengths' ceilings hold a whole update."""
         cap = math.inf if max_examples is None else max(1, int(max_examples))
+
+        def limit_at(length: int) -> int:
+            return int(min(cap, self.piece_limit(governor_micro_batch, length, upper)))
+
+        if self.piece_cost is not None:
+            return self.piece_cost.cut(lengths, limit_at)
         sizes = []
         start = 0
         while start < len(lengths):
             size, longest = 1, lengths[start]
             while start + size < len(lengths):
                 longer = max(longest, lengths[start + size])
-                if size + 1 > min(cap, self.piece_limit(governor_micro_batch, longer, upper)):
+                if size + 1 > limit_at(longer):
                     break
                 size, longest = size + 1, longer
             sizes.append(size)
