@@ -353,6 +353,27 @@ def test_cli_prints_the_table_and_the_equal_split(fleet_dir):
         assert text in result.output
 
 
+def test_cli_shows_each_prediction_with_and_without_the_overhead(fleet_dir):
+    args = ["fleet", "plan", "--model", key_of(fleet_dir), "--effective-batch", "256", str(fleet_dir)]
+    plain = CliRunner().invoke(main, args)
+    with_overhead = CliRunner().invoke(main, args + ["--overhead-seconds", "0.05"])
+    assert plain.exit_code == with_overhead.exit_code == 0, with_overhead.output
+    assert "without the" not in plain.output
+
+    def seconds(output, label):
+        line = next(line for line in output.splitlines() if line.strip().startswith(label))
+        return [float(word) for word in line.replace("(", " ").split() if word.replace(".", "", 1).isdigit()]
+
+    for label in ("predicted update", "equal split"):
+        after = seconds(with_overhead.output, label)
+        assert after[0] == pytest.approx(after[1] + 0.05, rel=1e-3)  # with, then without the overhead
+        assert "without the 0.05 s overhead" in next(line for line in with_overhead.output.splitlines()
+                                                     if line.strip().startswith(label))
+    # The equal split keeps its shares: without the overhead it is the plain run's prediction.
+    assert seconds(with_overhead.output, "equal split")[1] == pytest.approx(seconds(plain.output, "equal split")[0],
+                                                                            rel=1e-3)
+
+
 def test_cli_json_plan(fleet_dir):
     result = CliRunner().invoke(main, ["fleet", "plan", "--model", "mobilenet_v2", "--effective-batch", "300",
                                        "--json", str(fleet_dir), str(fleet_dir / "nodes")])

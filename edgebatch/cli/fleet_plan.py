@@ -32,7 +32,9 @@ from edgebatch.profiles.location import is_url
 @click.option("--effective-batch", "effective_batch", type=int, required=True, metavar="N",
               help="Samples per update, summed over all devices.")
 @click.option("--overhead-seconds", "overhead_seconds", type=float, default=0.0, show_default=True,
-              help="Fixed cost added to every update that uses more than one device (the all-reduce).")
+              help="Fixed cost added to every update that uses more than one device: the gradient exchange and "
+                   "fit's own per-update work. Measure it with a short run of both splits (BENCHMARKS.md section 10 "
+                   "measured 11-12 ms on 2 CPU workers); the table shows the prediction with and without it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of a table.")
 @click.argument("locations", nargs=-1, metavar="PATH_OR_URL...")
 @handle_errors
@@ -156,12 +158,9 @@ def format_plan(result: FleetPlan, model_key: str) -> str:
     working = [a for a in equal.assignments if a.share > 0]
     shares = sorted({a.share for a in working})
     share_text = str(shares[0]) if len(shares) == 1 else f"{shares[0]}-{shares[-1]}"
-    overhead = ""
-    if result.update_overhead_seconds and len(split.assignments) > 1:
-        overhead = f", including the {result.update_overhead_seconds:g} s overhead"
-    lines.append(f"  predicted update  {split.predicted_update_seconds:.4g} s{overhead}")
+    lines.append(f"  predicted update  {split.predicted_update_seconds:.4g} s{_overhead_text(split)}")
     lines.append(
-        f"  equal split       {equal.predicted_update_seconds:.4g} s ({share_text} each on {len(working)} "
+        f"  equal split       {equal.predicted_update_seconds:.4g} s{_overhead_text(equal)} ({share_text} each on {len(working)} "
         f"device{'s' if len(working) > 1 else ''}, "
         f"micro-batch <= {result.equal_micro_batch} (the smallest ceiling), slowest {equal.slowest.label})"
     )
@@ -170,6 +169,13 @@ def format_plan(result: FleetPlan, model_key: str) -> str:
         lines.append(f"  note: {note}")
     # Host names come from profiles, someone else's files: control characters print as escapes.
     return "\n".join(terminal_text(line) for line in lines)
+
+
+def _overhead_text(split) -> str:
+    """', X s without the Y s overhead' where the split's update time includes one."""
+    if not split.overhead_seconds or sum(1 for a in split.assignments if a.share > 0) < 2:
+        return ""
+    return f" ({split.predicted_update_seconds - split.overhead_seconds:.4g} s without the {split.overhead_seconds:g} s overhead)"
 
 
 def _device_name(source: str, profile) -> str:
