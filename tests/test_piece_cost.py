@@ -120,3 +120,26 @@ def test_length_ceilings_from_a_profile_take_the_cost_of_its_timed_trials():
     ceilings = LengthCeilings.from_profile(Profile())
     assert ceilings.table == ((64, 117), (256, 39))
     assert ceilings.piece_cost.overhead_seconds == pytest.approx(0.002, rel=1e-6)
+
+
+def test_piece_times_refit_every_refit_pieces_from_what_fit_timed():
+    from edgebatch.training.piece_cost import REFIT_PIECES, PieceTimes
+
+    truth = PieceCost(0.001, 2e-5, 3e-8)
+    times = PieceTimes()
+    sizes, lengths = [4, 9, 30], [200, 40, 8]
+
+    def add_update():
+        times.add(sizes, lengths, [truth.seconds(n, length) for n, length in zip(sizes, lengths)])
+
+    for _ in range((REFIT_PIECES - 1) // len(sizes)):
+        add_update()
+        assert times.refit() is None  # not yet REFIT_PIECES pieces
+    add_update()
+    fitted = times.refit()
+    assert fitted.overhead_seconds == pytest.approx(0.001, rel=1e-6)
+    assert fitted.seconds_per_token == pytest.approx(2e-5, rel=1e-6)
+    add_update()
+    assert times.refit() is None  # the next fit waits for REFIT_PIECES more
+    times.add([5], [10], [0.0])  # a piece without a time is left out
+    assert len(times.points) == len(sizes) * (REFIT_PIECES // len(sizes) + 2)

@@ -134,6 +134,41 @@ def test_pieces_cut_by_length_ceilings_equal_the_plain_padded_loop(failures, cut
     assert diff < 1e-5
 
 
+def test_fit_times_its_pieces_refits_the_piece_cost_and_cuts_by_it_exactly():
+    """With a piece cost, fit times each piece, refits the cost from those times every REFIT_PIECES
+    pieces (not the first update: it traces) and cuts the following updates by the refitted cost;
+    the weights still equal the plain loop's."""
+    from edgebatch.training import LengthCeilings
+    from edgebatch.training.piece_cost import PieceCost, PieceTimes
+
+    tokens, labels = sequences(count=240, seed=1)
+    start_cost = PieceCost(1e-3, 1e-5)
+    ceilings = LengthCeilings(LengthCeilings.from_mapping(LENGTH_CEILINGS).table, piece_cost=start_cost)
+    model = masked_model()
+    report = fit(model, dataset(tokens, labels), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                 optimizer=keras.optimizers.Adam(0.01), effective_batch=EFFECTIVE, length_ceilings=ceilings)
+    for record in report.updates:
+        assert len(record.piece_seconds) == len(record.micro_batches) and min(record.piece_seconds) > 0
+    # Replay the refits from the recorded times: the last one is the cost fit returned.
+    times, refit_after, cost = PieceTimes(), None, start_cost
+    for index, record in enumerate(report.updates[1:], start=1):
+        times.add(record.micro_batches, record.piece_lengths, record.piece_seconds)
+        refitted = times.refit()
+        if refitted is not None:
+            refit_after, cost = index, refitted
+    assert refit_after is not None and refit_after < len(report.updates) - 1  # updates were cut by it
+    assert report.piece_cost == cost != start_cost
+    governor_micro_batch = 6
+    for index, record in enumerate(report.updates):
+        lengths = sorted(len(row) for row in tokens[index * EFFECTIVE : (index + 1) * EFFECTIVE])
+        if index > refit_after:
+            expected = cost.cut(lengths, lambda length: ceilings.piece_limit(governor_micro_batch, length, 6))
+            assert list(record.micro_batches) == expected
+        governor_micro_batch = record.next_micro_batch
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), plain_loop(tokens, labels)))
+    assert diff < 1e-5
+
+
 def test_an_adaptive_batch_with_length_ceilings_equals_the_plain_loop_fed_its_update_sizes():
     """adapt moves the effective batch; pieces are still cut by length, each also capped so that an
     update runs in at least min_pieces_per_update pieces (these ceilings alone would run a whole

@@ -28,6 +28,7 @@ from edgebatch.training.hard_failure import RunningMarker, take_hard_failure_mic
 from edgebatch.training.learning_rate import LearningRateScaler
 from edgebatch.training.loop_parts import Control, Measured, Observed, Ran, Schedule, Taken, Trainee
 from edgebatch.training.options import Checkpointing, Sequences
+from edgebatch.training.piece_cost import PieceTimes
 from edgebatch.training.pieces import PieceRunner, first_line
 from edgebatch.training.pruning import PruningSteps
 from edgebatch.training.records import FitReport, OomEvent, Progress, UpdateRecord
@@ -70,6 +71,10 @@ class _GovernedLoop(PieceRunner):
         self.batch_in_epoch = 0
         self.adaptive = adaptive
         self.length_ceilings = sequences.length_ceilings
+        # A piece cost is refined from the pieces' own times (piece_cost.PieceTimes).
+        learns = self.length_ceilings is not None and self.length_ceilings.piece_cost is not None
+        self.piece_times = PieceTimes() if learns else None
+        self.piece_seconds: list[float] = []  # the last update's pieces' seconds, in order
         self.count_tokens = sequences.batch_unit == "tokens"
         self.length_window_examples = sequences.length_window_examples
         self.lengths: list[int] | None = None  # the current update's example lengths, in its order
@@ -146,6 +151,8 @@ class _GovernedLoop(PieceRunner):
             self.report.decisions = [dict(entry) for entry in self.governor.history[self.history_start :]]
             self.report.traces = dict(self.steps.traces)
             self.report.final_progress = self.progress
+            if self.length_ceilings is not None:
+                self.report.piece_cost = self.length_ceilings.piece_cost
             if self.adaptive is not None:
                 self.report.adapt_changes = list(self.adaptive.changes)
         return self.report
@@ -311,6 +318,7 @@ class _GovernedLoop(PieceRunner):
         record = UpdateRecord(
             update=self.progress.updates, epoch=self.progress.epoch, examples=examples,
             micro_batches=tuple(sizes), piece_lengths=self._piece_lengths(sizes), tokens=taken.tokens,
+            piece_seconds=None if self.length_ceilings is None else tuple(self.piece_seconds),
             effective_batch=taken.wanted, loss=loss_mean,
             pressure=observed.pressure, seconds=seconds,
             samples_per_second=examples / seconds if seconds > 0 else float("inf"),
@@ -321,6 +329,7 @@ class _GovernedLoop(PieceRunner):
             adapt=observed.adapt,
         )
         self.report.updates.append(record)
+        self._learn_piece_cost(record)
         self.report.examples_seen += examples
         self.log.write_update(record, ran.ooms)
         self.epoch_loss_sum += loss_mean * examples

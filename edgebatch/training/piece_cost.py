@@ -13,6 +13,10 @@ least predicted time, each within the ceiling its longest example allows: paddin
 it costs less than another step. Which examples share an update does not change, so the update's
 gradient is the same exact mean.
 
+A probe's step also applies the optimizer, which fit does once per update, not per piece, so the
+probe's fixed cost is above a piece's. fit therefore times its pieces and refits the cost from them
+(`PieceTimes`) once it has enough, and cuts by that.
+
 Pure: numpy and scipy only.
 """
 
@@ -26,6 +30,8 @@ __all__ = ["PieceCost"]
 
 # Fewer steady trials than this, or trials at one length only, leave the three terms undetermined.
 MIN_TRIALS = 4
+# fit refits from its own pieces once it has timed this many, and again after as many more.
+REFIT_PIECES = 32
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,15 @@ class PieceCost:
         points = [(t.batch, t.seq_len, t.step_seconds) for t in trials
                   if getattr(t, "ok", False) and getattr(t, "seq_len", None) and getattr(t, "step_seconds", None)
                   and getattr(t, "steady", None) is not False and getattr(t, "measured", True)]
+        return cls.from_points(points)
+
+    @classmethod
+    def from_points(cls, points: Sequence[tuple[int, int, float]]) -> PieceCost | None:
+        """Non-negative least squares over (examples, padded length, seconds) points, in relative
+        error; None with fewer than MIN_TRIALS points or all at one length."""
+        import numpy as np
+        from scipy.optimize import nnls
+
         if len(points) < MIN_TRIALS or len({length for _, length, _ in points}) < 2:
             return None
         batch, length, seconds = (np.array(column, dtype=float) for column in zip(*points))
@@ -96,3 +111,25 @@ class PieceCost:
             sizes_out.append(end - int(start_of[end]))
             end = int(start_of[end])
         return sizes_out[::-1]
+
+
+class PieceTimes:
+    """The pieces fit timed, and the cost refitted from them every REFIT_PIECES pieces.
+
+    `add` takes one update's pieces: sizes, longest lengths and seconds. The first update (it
+    traces) and updates that ran out of memory are left out by the caller. `refit` returns a new
+    PieceCost when REFIT_PIECES more pieces arrived since the last fit and they determine one.
+    """
+
+    def __init__(self) -> None:
+        self.points: list[tuple[int, int, float]] = []
+        self._fitted_at = 0
+
+    def add(self, sizes: Sequence[int], lengths: Sequence[int], seconds: Sequence[float]) -> None:
+        self.points.extend((int(n), int(length), float(s)) for n, length, s in zip(sizes, lengths, seconds) if s > 0)
+
+    def refit(self) -> PieceCost | None:
+        if len(self.points) - self._fitted_at < REFIT_PIECES:
+            return None
+        self._fitted_at = len(self.points)
+        return PieceCost.from_points(self.points)

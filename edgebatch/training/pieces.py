@@ -11,7 +11,9 @@ is the loop's); worker_loop.WorkerLoop changes `_piece_range`, `_oom_governor` a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import time
 from typing import Any
 
 from edgebatch.errors import TrainingError
@@ -50,7 +52,7 @@ class PieceRunner:
         if pending:
             self._note_running(pending, running)
         offset, sizes, loss_sums, ooms = start, [], [], []
-        piece_sq_norms, per_example = [], []
+        piece_sq_norms, per_example, seconds = [], [], []
         while pending:
             size = pending[0]
             x, y = slice_examples(self.element_spec, flat_examples, offset, size)
@@ -58,7 +60,9 @@ class PieceRunner:
                 self.pruning.before_micro_step()  # one pruning step per update (pruning.py)
             injected = next_injected_oom()
             try:
+                piece_started = time.perf_counter()
                 loss_sum, piece_sq_norm, losses = self.steps.run_piece(x, y, update_examples, injected)
+                seconds.append(time.perf_counter() - piece_started)
                 loss_sums.append(loss_sum)
                 if self.steps.statistics:
                     piece_sq_norms.append(piece_sq_norm)
@@ -87,6 +91,7 @@ class PieceRunner:
             offset += size
             pending.pop(0)
         self.running_micro_batch = running
+        self.piece_seconds = seconds
         return sizes, loss_sums, ooms, (piece_sq_norms, per_example)
 
     def _pieces(self, offset: int, count: int, micro_batch: int) -> list[int]:
@@ -104,6 +109,17 @@ class PieceRunner:
             return None
         offsets = itertools.accumulate(sizes, initial=0)
         return tuple(self._piece_length(offset, size) for offset, size in zip(offsets, sizes))
+
+    def _learn_piece_cost(self, record: Any) -> None:
+        """Time this update's pieces into the piece cost fit cuts by (piece_cost.PieceTimes), and
+        cut by the refitted cost once it has one. Not the call's first update (it traces), nor one
+        that ran out of memory."""
+        if self.piece_times is None or record.oom_events or len(self.report.updates) < 2:
+            return
+        self.piece_times.add(record.micro_batches, record.piece_lengths, self.piece_seconds)
+        refitted = self.piece_times.refit()
+        if refitted is not None:
+            self.length_ceilings = dataclasses.replace(self.length_ceilings, piece_cost=refitted)
 
     def _piece_length(self, offset: int, size: int) -> int | None:
         """The longest example (tokens) of the piece at `offset`; None without length ceilings."""

@@ -85,6 +85,8 @@ class UpdateRecord:
     piece_lengths: tuple[int, ...] | None = None
     # Variable-length examples: the update's real (unpadded) tokens; None for fixed-length ones.
     tokens: int | None = None
+    # With fit's length_ceilings: the seconds of each piece in micro_batches.
+    piece_seconds: tuple[float, ...] | None = None
 
     @property
     def accumulation_steps(self) -> int:
@@ -100,6 +102,7 @@ class UpdateRecord:
         data = asdict(self)
         data["micro_batches"] = list(self.micro_batches)
         data["piece_lengths"] = None if self.piece_lengths is None else list(self.piece_lengths)
+        data["piece_seconds"] = None if self.piece_seconds is None else list(self.piece_seconds)
         data["adapt"] = None if self.adapt is None else dict(self.adapt)
         data["accumulation_steps"] = self.accumulation_steps
         return data
@@ -133,7 +136,9 @@ class FitReport:
     stay the whole update's). `adapt_changes` lists the adaptive policy's changes of the effective
     batch during this call ({"update", "effective_batch", "reason", "lr_scale"}; empty without adapt).
     `pruning_step` is a TFMOT-pruned model's pruning step when fit returned (None for other
-    models): it advances once per optimizer update (training/pruning.py).
+    models): it advances once per optimizer update (training/pruning.py). `piece_cost` is the
+    PieceCost fit cut updates by when it returned, with length ceilings that had one: refitted from
+    the pieces' own times once enough were timed (piece_cost.PieceTimes); None otherwise.
     """
 
     updates: list[UpdateRecord] = field(default_factory=list)
@@ -156,6 +161,7 @@ class FitReport:
     replicas: int = 1
     adapt_changes: list[dict[str, Any]] = field(default_factory=list)
     pruning_step: int | None = None
+    piece_cost: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy of the report."""
@@ -180,4 +186,5 @@ class FitReport:
             "replicas": self.replicas,
             "adapt_changes": [dict(change) for change in self.adapt_changes],
             "pruning_step": self.pruning_step,
+            "piece_cost": None if self.piece_cost is None else asdict(self.piece_cost),
         }
