@@ -122,9 +122,10 @@ def goodput_config(**overrides):
     [
         ({"policy": "goodput_plus"}, "policy must be one of ('noise_scale', 'goodput'), got 'goodput_plus'"),
         ({"policy": "goodput", "throughput": None}, "policy='goodput' needs a throughput source"),
-        ({"throughput": [(8, 100.0)]}, "throughput must be an edgebatch.adapt.goodput.StepCurve"),
+        ({"throughput": [(8, 100.0)]}, "throughput must be an edgebatch.adapt.goodput.StepCurve or 'measured'"),
+        ({"throughput": "measure"}, "throughput must be an edgebatch.adapt.goodput.StepCurve or 'measured', got 'measure'"),
     ],
-    ids=["no such policy", "no throughput", "not a curve"],
+    ids=["no such policy", "no throughput", "not a curve", "a misspelt source"],
 )
 def test_a_goodput_config_that_cannot_hold_is_one_usage_error(overrides, message):
     settings = {"policy": "goodput", "throughput": CURVE, **overrides}
@@ -181,4 +182,54 @@ def test_the_controller_asks_goodput_on_checks_once_the_noise_scale_is_known():
     changed = [reason for reason in reasons if reason]
     assert changed and all(reason.startswith("goodput: goodput ") for reason in changed), reasons
     # Flat 0.1 s steps up to the 256 ceiling: goodput climbs toward it, x1.5 per check.
+    assert controller.effective_batch_samples > 32
+
+
+# --- throughput="measured": the curve from the run's own step times ------------------------------
+
+from edgebatch.adapt.goodput import MIN_MEASURED_UPDATES, MeasuredSteps  # noqa: E402
+
+
+def test_measured_steps_fit_a_fixed_and_a_per_example_cost_and_leave_the_first_update_out():
+    steps = MeasuredSteps()
+    steps.add([64, 64], [9.0, 9.0], 99.0)  # the first update traces: left out
+    assert steps.curve(64) is None
+    for _ in range(MIN_MEASURED_UPDATES):
+        # Steps of 2 ms + 0.1 ms per example; updates 5 ms more than their pieces.
+        steps.add([16, 16, 4], [0.0036, 0.0036, 0.0024], 0.0036 * 2 + 0.0024 + 0.005)
+    curve = steps.curve(64)
+    assert curve.batches == (1, 2, 4, 8, 16, 32, 64)  # extrapolated up to the memory ceiling
+    for batch, rate in zip(curve.batches, curve.samples_per_second):
+        assert rate == pytest.approx(batch / (0.002 + 0.0001 * batch), rel=1e-6)
+    assert curve.update_overhead_seconds == pytest.approx(0.005, rel=1e-6)
+
+
+def test_measured_steps_of_one_size_predict_no_gain_from_larger_steps():
+    steps = MeasuredSteps()
+    for _ in range(MIN_MEASURED_UPDATES + 1):
+        steps.add([8, 8], [0.004, 0.004], 0.01)
+    curve = steps.curve(32)
+    assert curve.samples_per_second == pytest.approx([2000.0] * len(curve.batches))  # 8 / 0.004 at every size
+
+
+def test_a_measured_controller_chooses_for_goodput_once_it_has_timed_updates():
+    from edgebatch.adapt import AdaptController, UpdateMeasurement
+
+    config = goodput_config(throughput="measured", min_effective_batch_samples=8, max_effective_batch_samples=1024)
+    controller = AdaptController(config, 32)
+    reasons = []
+    for _update in range(10):
+        half = controller.effective_batch_samples // 2
+        sizes = (half, controller.effective_batch_samples - half)
+        micro = tuple(1.0 + 400.0 / size for size in sizes)
+        # 10 ms a step whatever its size, 20 ms more per update: larger batches are nearly free.
+        measurement = UpdateMeasurement(micro_batch_samples=sizes, micro_sq_norms=micro,
+                                        update_sq_norm=1.0 + 400.0 / sum(sizes), cosine_previous=None, loss=1.0,
+                                        piece_seconds=(0.01, 0.01), update_seconds=0.04)
+        decision, _reading = controller.observe(measurement, memory_micro_batch_samples=256)
+        reasons.append(decision.reason)
+    changed = [reason for reason in reasons if reason]
+    # The first update traces; the curve needs MIN_MEASURED_UPDATES more, the last of them deciding.
+    assert reasons[:MIN_MEASURED_UPDATES] == [""] * MIN_MEASURED_UPDATES
+    assert changed and all(reason.startswith("goodput: ") for reason in changed)
     assert controller.effective_batch_samples > 32

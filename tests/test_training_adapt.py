@@ -161,3 +161,19 @@ def test_a_goodput_run_moves_the_batch_for_goodput_and_equals_the_plain_loop():
     assert report.adapt_changes and all(change["reason"].startswith("goodput: ") for change in report.adapt_changes)
     assert max(record.effective_batch for record in report.updates) == 24
     assert max_weight_diff([np.array(w) for w in model.get_weights()], replay(x, y, report, "sgd")) < 1e-5
+
+
+def test_a_goodput_run_on_its_own_measured_step_times_moves_the_batch_and_equals_the_plain_loop():
+    """throughput="measured": no profile; the curve comes from fit's own piece and update times.
+    This model's steps cost about the same at 3 examples as at 12 (fixed costs dominate), so goodput
+    grows the batch; whatever it chooses, the updates equal the plain loop over the same sizes."""
+    x, y = make_data(120)
+    model = make_model()
+    config = AdaptConfig(policy="goodput", throughput="measured", check_every_updates=1, cooldown_updates=0,
+                         max_effective_batch_samples=24, lr_rule="linear", drift_rise=0.89)
+    governor = Governor(GovernorConfig(ceiling_batch=24, effective_batch=24))
+    report = fit(model, make_dataset(x, y), loss=make_loss(), optimizer=make_optimizer("sgd"),
+                 effective_batch=6, epochs=2, adapt=config, governor=governor)
+    assert report.adapt_changes and all(change["reason"].startswith("goodput: ") for change in report.adapt_changes)
+    assert max(record.effective_batch for record in report.updates) > 6
+    assert max_weight_diff([np.array(w) for w in model.get_weights()], replay(x, y, report, "sgd")) < 1e-5

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from edgebatch.adapt.goodput import GoodputChoice, best_batch
+from edgebatch.adapt.goodput import MEASURED, GoodputChoice, MeasuredSteps, StepCurve, best_batch
 from edgebatch.adapt.policy import (
     AdaptConfig,
     AdaptDecision,
@@ -60,6 +60,8 @@ class UpdateMeasurement:
     loss: float  # mean per-example loss of the update
     per_example_losses: Any = None  # array of the update's per-example losses (drift); None: skip
     schedule_rate: float | None = None  # the optimizer schedule's own rate now (None: no schedule)
+    piece_seconds: tuple[float, ...] | None = None  # each micro-batch's seconds (throughput="measured")
+    update_seconds: float | None = None  # the whole update's; None: not timed (an OOM spent time failing)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,9 @@ class AdaptController:
         self.check_updates = 0
         self.rate_at_change: float | None = None
         self.last_noise_scale_samples: float | None = None
+        # throughput="measured": the curve learned from the run's step times (not checkpointed: a
+        # resumed run measures its device again).
+        self.measured_steps = MeasuredSteps() if config.throughput == MEASURED else None
 
     @property
     def effective_batch_samples(self) -> int:
@@ -116,9 +121,12 @@ class AdaptController:
         cfg = self.config
         if cfg.policy != "goodput" or noise is None or not math.isfinite(noise) or noise < 0:
             return None
+        ceiling = max(1, int(memory_micro_batch_samples))
+        curve = cfg.throughput if isinstance(cfg.throughput, StepCurve) else self.measured_steps.curve(ceiling)
+        if curve is None:
+            return None
         bounds = (cfg.min_effective_batch_samples, cfg.max_effective_batch_samples)
-        return best_batch(cfg.throughput, noise, self.state.base_effective_batch_samples,
-                          max(1, int(memory_micro_batch_samples)), bounds)
+        return best_batch(curve, noise, self.state.base_effective_batch_samples, ceiling, bounds)
 
     def split_micro_batch(self, memory_micro_batch_samples: int) -> int:
         """The micro-batch to split the next update with: the memory governor's, and small enough
@@ -156,6 +164,8 @@ class AdaptController:
             estimate = two_batch_estimate(small_sq, small_b, big_sq, big_b)
             if math.isfinite(estimate.gradient_sq_norm) and math.isfinite(estimate.trace_covariance):
                 self.noise = update_noise_scale(self.noise, estimate, cfg.noise_ema_decay)
+        if self.measured_steps is not None and measurement.piece_seconds and measurement.update_seconds is not None:
+            self.measured_steps.add(sizes, measurement.piece_seconds, measurement.update_seconds)
         self.agreement = push_agreement(self.agreement, measurement.cosine_previous, cfg.cosine_window_updates)
         if measurement.per_example_losses is not None:
             self.drift = update_drift(self.drift, np.asarray(measurement.per_example_losses),

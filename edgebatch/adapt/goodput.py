@@ -3,7 +3,8 @@
 goodput(B) = throughput(B) x efficiency(B), as in Pollux (Qiao et al., OSDI 2021). throughput(B)
 is samples/s at effective batch B on this device: micro-batches within the memory ceiling, the
 rest by accumulation, timed from a measured curve (`StepCurve`: the profile's steady-state
-samples/s by batch, or step times a run measured). efficiency(B) = (B_noise + B0) / (B_noise + B)
+samples/s by batch, or, with throughput="measured", the curve `MeasuredSteps` fits to the step
+times fit measures as it trains). efficiency(B) = (B_noise + B0) / (B_noise + B)
 is the progress one example makes at batch B relative to one at the base batch B0, from the
 gradient noise scale B_noise (McCandlish et al. 2018; signals.noise_scale_samples). Numbers in,
 a `GoodputChoice` out; no TensorFlow, no I/O.
@@ -19,7 +20,14 @@ import numpy as np
 
 from edgebatch.errors import UsageError
 
-__all__ = ["GoodputChoice", "StepCurve", "best_batch", "efficiency"]
+__all__ = ["MEASURED", "GoodputChoice", "MeasuredSteps", "StepCurve", "best_batch", "efficiency"]
+
+#: AdaptConfig(throughput=MEASURED): learn the curve from the run's own step times (MeasuredSteps).
+MEASURED = "measured"
+# Updates MeasuredSteps needs (after the first, which traces) before it gives a curve.
+MIN_MEASURED_UPDATES = 2
+# The pieces and updates it keeps: the most recent, so the curve follows the device as it is now.
+MEASURED_WINDOW = 256
 
 
 @dataclass(frozen=True)
@@ -142,3 +150,57 @@ def best_batch(
         efficiency=float(gains[best]),
         goodput=float(scores[best]),
     )
+
+
+class MeasuredSteps:
+    """A StepCurve learned from the step times of the run itself: goodput with no profile.
+
+    Each update adds its pieces' (size, seconds) and its per-update cost: the update's seconds less
+    its pieces' (the apply, the loop's own work). A step of b examples is modelled as
+    c + d x b seconds (non-negative least squares over the pieces, in relative error; with one size
+    only, d = its seconds per example and c = 0, which predicts no gain from larger steps than it
+    has seen). The first update is left out: it traces. Only the most recent MEASURED_WINDOW
+    pieces and updates count.
+    """
+
+    def __init__(self) -> None:
+        from collections import deque
+
+        self.pieces: deque[tuple[int, float]] = deque(maxlen=MEASURED_WINDOW)
+        self.update_costs: deque[float] = deque(maxlen=MEASURED_WINDOW)
+        self._seen_first = False
+
+    def add(self, piece_sizes: Sequence[int], piece_seconds: Sequence[float], update_seconds: float) -> None:
+        """One update's pieces and its whole time (seconds)."""
+        if not self._seen_first:
+            self._seen_first = True
+            return
+        timed = [(int(size), float(seconds)) for size, seconds in zip(piece_sizes, piece_seconds) if seconds > 0]
+        if not timed:
+            return
+        self.pieces.extend(timed)
+        self.update_costs.append(max(0.0, float(update_seconds) - sum(seconds for _, seconds in timed)))
+
+    def curve(self, largest_micro_batch: int) -> StepCurve | None:
+        """The curve up to `largest_micro_batch` (at least the largest size measured); None before
+        MIN_MEASURED_UPDATES updates were measured."""
+        if len(self.update_costs) < MIN_MEASURED_UPDATES:
+            return None
+        fixed, per_example = self._step_model()
+        top = max(int(largest_micro_batch), max(size for size, _ in self.pieces))
+        batches = sorted({*(2**k for k in range(top.bit_length()) if 2**k <= top), top})
+        rates = [batch / (fixed + per_example * batch) for batch in batches]
+        return StepCurve(tuple(batches), tuple(rates), float(np.median(self.update_costs)))
+
+    def _step_model(self) -> tuple[float, float]:
+        """(c, d) of a step's c + d x b seconds."""
+        from scipy.optimize import nnls
+
+        sizes = np.array([size for size, _ in self.pieces], dtype=float)
+        seconds = np.array([s for _, s in self.pieces])
+        if len(set(sizes.tolist())) >= 2:
+            design = np.column_stack([np.ones_like(sizes), sizes]) / seconds[:, None]
+            (fixed, per_example), _ = nnls(design, np.ones_like(seconds))
+            if per_example > 0 or fixed > 0:
+                return float(fixed), float(per_example)
+        return 0.0, float(np.median(seconds / sizes))

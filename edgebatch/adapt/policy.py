@@ -18,7 +18,7 @@ import math
 import numbers
 from dataclasses import dataclass, replace
 
-from edgebatch.adapt.goodput import StepCurve
+from edgebatch.adapt.goodput import MEASURED, StepCurve
 from edgebatch.adapt.lr_coupling import LR_RULES, lr_scale
 from edgebatch.errors import UsageError
 
@@ -84,8 +84,9 @@ class AdaptConfig:
 
     `policy="goodput"` replaces the noise-scale growth rule with the batch of highest predicted
     goodput (throughput x statistical efficiency, adapt/goodput.py) on the device's measured curve,
-    `throughput` (e.g. `StepCurve.from_profile(profile)`); drift, plateau and schedule still fire
-    first, and a change stays within the growth and shrink bounds.
+    `throughput` (e.g. `StepCurve.from_profile(profile)`, or "measured": learned from fit's own step
+    times, goodput.MeasuredSteps); drift, plateau and schedule still fire first, and a change stays
+    within the growth and shrink bounds.
     """
 
     min_effective_batch_samples: int = 1
@@ -111,7 +112,8 @@ class AdaptConfig:
     drift_reference_examples: int = 1024  # the window before it, whose quantile defines "hard"
     min_pieces_per_update: int = 2  # split every update at least this often: the two-batch pair
     policy: str = "noise_scale"  # POLICIES
-    throughput: StepCurve | None = None  # samples/s by micro-batch: what policy="goodput" predicts with
+    # samples/s by micro-batch: what policy="goodput" predicts with; "measured": from fit's step times
+    throughput: StepCurve | str | None = None
 
     @classmethod
     def seed_rules(cls, **overrides) -> "AdaptConfig":
@@ -152,12 +154,14 @@ class AdaptConfig:
         _integer(self, "min_pieces_per_update", 1)
         if self.policy not in POLICIES:
             raise AdaptConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.throughput is not None and not isinstance(self.throughput, StepCurve):
-            raise AdaptConfigError(f"throughput must be an edgebatch.adapt.goodput.StepCurve, got {self.throughput!r}")
+        if self.throughput is not None and not (isinstance(self.throughput, StepCurve) or self.throughput == MEASURED):
+            raise AdaptConfigError(f"throughput must be an edgebatch.adapt.goodput.StepCurve or {MEASURED!r}, "
+                                   f"got {self.throughput!r}")
         if self.policy == "goodput" and self.throughput is None:
             raise AdaptConfigError(
                 "policy='goodput' needs a throughput source: throughput=StepCurve.from_profile(profile) "
-                "(a probe's samples/s by batch) or StepCurve.from_points([(batch, samples_per_second), ...])"
+                f"(a probe's samples/s by batch), StepCurve.from_points([(batch, samples_per_second), ...]) or "
+                f"{MEASURED!r} (the run's own step times)"
             )
 
 

@@ -82,9 +82,10 @@ class AdaptiveBatch:
     def observe(
         self, *, update: int, examples: int, sizes: list[int], measured: Measured, loss_mean: float,
         schedule_rate: float | None, memory_micro_batch_samples: int,
+        times: tuple[tuple[float, ...], float] | None = None,
     ) -> tuple[AdaptDecision, AdaptReading]:
         """Turn one update's tensors (`measured`: what the steps measured) into a measurement and let
-        the controller decide."""
+        the controller decide. `times`: the pieces' seconds and the update's (None: not timed)."""
         import tensorflow as tf
 
         per_example = measured.per_example
@@ -99,6 +100,7 @@ class AdaptiveBatch:
             micro_batch_samples=tuple(sizes), micro_sq_norms=tuple(float(v) for v in piece_sq),
             update_sq_norm=current_sq, cosine_previous=cosine, loss=loss_mean,
             per_example_losses=losses, schedule_rate=schedule_rate,
+            piece_seconds=None if times is None else tuple(times[0]), update_seconds=None if times is None else times[1],
         )
         decision, reading = self.controller.observe(measurement, memory_micro_batch_samples)
         if decision.changed:

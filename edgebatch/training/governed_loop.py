@@ -301,6 +301,7 @@ class _GovernedLoop(PieceRunner):
                 update=self.progress.updates + 1, examples=taken.examples, sizes=sizes, measured=ran.measured,
                 loss_mean=ran.loss_mean, schedule_rate=adaptive.scheduled_rate(self.optimizer, self.scaler.schedule),
                 memory_micro_batch_samples=after.micro_batch,
+                times=None if ran.ooms else (tuple(self.piece_seconds), ran.step_seconds),
             )
             adapt_record = adaptive.record(adapt_decision, reading)
         return Observed(observation.pressure, after, adapt_record)
