@@ -140,6 +140,18 @@ class AdaptController:
         effective = self.state.effective_batch_samples
         return max(1, min(effective, math.ceil(effective / self.config.min_pieces_per_update)))
 
+    def _fold_pieces(self, measurement: UpdateMeasurement) -> None:
+        """The micro-batches' part of `observe`: the noise-scale pair, and their times for throughput="measured"."""
+        sizes = tuple(int(size) for size in measurement.micro_batch_samples)
+        if len(sizes) >= 2:
+            small_sq, small_b, big_sq, big_b = pair_from_norms(measurement.micro_sq_norms, sizes,
+                                                               measurement.update_sq_norm)
+            estimate = two_batch_estimate(small_sq, small_b, big_sq, big_b)
+            if math.isfinite(estimate.gradient_sq_norm) and math.isfinite(estimate.trace_covariance):
+                self.noise = update_noise_scale(self.noise, estimate, self.config.noise_ema_decay)
+        if self.measured_steps is not None and measurement.piece_seconds and measurement.update_seconds is not None:
+            self.measured_steps.add(sizes, measurement.piece_seconds, measurement.update_seconds)
+
     def observe(self, measurement: UpdateMeasurement, memory_micro_batch_samples: int) -> tuple[AdaptDecision, AdaptReading]:
         """Fold one update in and decide the next effective batch.
 
@@ -157,15 +169,7 @@ class AdaptController:
         Then `decide` runs with these statistics and the memory governor's micro-batch.
         """
         cfg = self.config
-        sizes = tuple(int(size) for size in measurement.micro_batch_samples)
-        if len(sizes) >= 2:
-            small_sq, small_b, big_sq, big_b = pair_from_norms(measurement.micro_sq_norms, sizes,
-                                                               measurement.update_sq_norm)
-            estimate = two_batch_estimate(small_sq, small_b, big_sq, big_b)
-            if math.isfinite(estimate.gradient_sq_norm) and math.isfinite(estimate.trace_covariance):
-                self.noise = update_noise_scale(self.noise, estimate, cfg.noise_ema_decay)
-        if self.measured_steps is not None and measurement.piece_seconds and measurement.update_seconds is not None:
-            self.measured_steps.add(sizes, measurement.piece_seconds, measurement.update_seconds)
+        self._fold_pieces(measurement)
         self.agreement = push_agreement(self.agreement, measurement.cosine_previous, cfg.cosine_window_updates)
         if measurement.per_example_losses is not None:
             self.drift = update_drift(self.drift, np.asarray(measurement.per_example_losses),

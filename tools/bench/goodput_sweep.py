@@ -91,6 +91,14 @@ def run_one(task: dict, method: str, seed: int, epochs: int) -> dict:
     return {"method": method, "seed": seed, "curve": curve}
 
 
+def thinned(run: dict) -> dict:
+    """A run as saved: seed 0's adaptive runs whole (the plot), the others every 10th update and the last."""
+    if run["seed"] == 0 and run["method"] in ("adapt", "goodput"):
+        return run
+    curve = run["curve"]
+    return dict(run, curve=[point for index, point in enumerate(curve) if index % 10 == 0 or index == len(curve) - 1])
+
+
 def to_target(curve: list, target: float) -> tuple[float | None, int | None]:
     """(training seconds, samples) when the validation accuracy first reached `target`."""
     for seconds, samples, accuracy, _batch in curve:
@@ -202,7 +210,8 @@ def measure(args: argparse.Namespace) -> dict:
                 runs.append(run_one(task, method, seed, args.epochs))
                 log(f"  seed {seed} {method}: final accuracy {runs[-1]['curve'][-1][2]:.3f}, "
                     f"{time.perf_counter() - started:.1f} s")
-        data["tasks"][task_name] = {"about": task["about"], "summary": summarize(runs), "runs": runs}
+        data["tasks"][task_name] = {"about": task["about"], "summary": summarize(runs),
+                                    "runs": [thinned(run) for run in runs]}
     data["load_average_end"] = load_average()
     return data
 
