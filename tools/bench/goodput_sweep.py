@@ -26,7 +26,6 @@ plotted to tools/bench/results/goodput_trajectory.png.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -37,7 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adapt_eval import BASE_RATE, HIDDEN_UNITS, TARGET_FRACTION, load_task
-from harness import RESULTS_DIR, ROOT, environment, load_average, log, publish_section, write_json
+from harness import (RESULTS_DIR, ROOT, add_output_options, environment, load_average, log, measured_or_loaded,
+                     publish_section)
 
 SECTION_START = "<!-- goodput_sweep:start -->"
 SECTION_END = "<!-- goodput_sweep:end -->"
@@ -221,14 +221,10 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--benchmarks-md", type=Path)
-    parser.add_argument("--from-json", type=Path, help="re-render a saved result instead of running")
+    add_output_options(parser)
     args = parser.parse_args()
-    if args.from_json:
-        data = json.loads(args.from_json.read_text())
-    else:
-        data = measure(args)
-        write_json(RESULTS_DIR / "goodput_sweep.json", data)
+    data = measured_or_loaded(args.from_json, lambda: measure(args), "goodput_sweep.json")
+    if args.from_json is None:
         plot(data, PLOT)
     publish_section(render(data), args.benchmarks_md, SECTION_START, SECTION_END)
 

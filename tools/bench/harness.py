@@ -262,6 +262,21 @@ def publish_section(section: str, benchmarks_md: Path | None, start_marker: str,
         write_section(benchmarks_md, section, start_marker, end_marker)
 
 
+def add_output_options(parser) -> None:
+    """The options every section's bench takes: --benchmarks-md and --from-json."""
+    parser.add_argument("--benchmarks-md", type=Path, help="write the section into this BENCHMARKS.md")
+    parser.add_argument("--from-json", type=Path, help="re-render a saved result instead of running")
+
+
+def measured_or_loaded(from_json: Path | None, measure: Callable[[], dict], results_name: str) -> dict:
+    """The result saved at `from_json`, or a new one from `measure`, written to results/`results_name`."""
+    if from_json is not None:
+        return json.loads(from_json.read_text())
+    data = measure()
+    write_json(RESULTS_DIR / results_name, data)
+    return data
+
+
 def spin_load(cpu: int, stop) -> None:
     """A competing load for benches: a pure-Python busy loop pinned to `cpu` until `stop` (an Event) is set."""
     os.sched_setaffinity(0, {cpu})

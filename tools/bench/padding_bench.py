@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -47,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS_DIR, environment, load_average, log, publish_section, write_json
+from harness import add_output_options, environment, load_average, log, measured_or_loaded, publish_section
 
 SECTION_START = "<!-- padding_bench:start -->"
 SECTION_END = "<!-- padding_bench:end -->"
@@ -355,14 +354,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", type=Path, help="a probe per length of transformer_tiny (else probed here)")
     parser.add_argument("--budget-mib", type=float, default=1536.0, help="the probe's budget without --profile")
-    parser.add_argument("--benchmarks-md", type=Path)
-    parser.add_argument("--from-json", type=Path)
+    add_output_options(parser)
     args = parser.parse_args()
-    if args.from_json:
-        data = json.loads(args.from_json.read_text())
-    else:
-        data = measure(args)
-        write_json(RESULTS_DIR / "padding.json", data)
+    data = measured_or_loaded(args.from_json, lambda: measure(args), "padding.json")
     publish_section(render(data), args.benchmarks_md, SECTION_START, SECTION_END)
 
 
