@@ -33,8 +33,9 @@ from edgebatch.profiles.location import is_url
               help="Samples per update, summed over all devices.")
 @click.option("--overhead-seconds", "overhead_seconds", type=float, default=0.0, show_default=True,
               help="Fixed cost added to every update that uses more than one device: the gradient exchange and "
-                   "fit's own per-update work. Measure it with a short run of both splits (BENCHMARKS.md section 10 "
-                   "measured 11-12 ms on 2 CPU workers); the table shows the prediction with and without it.")
+                   "fit's own per-update work. Measure it on a short run of the planned split: its update time less the "
+                   "prediction without it (tools/bench/multi_worker_bench.py does). The table shows each prediction "
+                   "with and without it.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON instead of a table.")
 @click.argument("locations", nargs=-1, metavar="PATH_OR_URL...")
 @handle_errors

@@ -22,8 +22,8 @@ from typing import Any
 from edgebatch.training.injection import ENV_INJECT_OOM, inject_oom, parse_oom_indices
 from edgebatch.training.length_ceilings import LengthCeilings
 from edgebatch.training.loop import fit
-from edgebatch.training.piece_cost import PieceCost
 from edgebatch.training.options import Checkpointing, Logs, Sequences
+from edgebatch.training.piece_cost import PieceCost
 from edgebatch.training.records import FitReport, OomEvent, Progress, UpdateRecord
 from edgebatch.training.restart_policy import SupervisorReport
 from edgebatch.training.supervisor import supervise

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PieceCost"]
+__all__ = ["PieceCost", "PieceTimes"]
 
 # Fewer steady trials than this, or trials at one length only, leave the three terms undetermined.
 MIN_TRIALS = 4
@@ -52,10 +52,7 @@ class PieceCost:
         """Non-negative least squares over the trials that ran at a sequence length and timed steady
         steps (`Trial.seq_len`, `step_seconds`, `steady` not False); None with fewer than MIN_TRIALS
         of them or all at one length. A probe's trial times a whole training step, optimizer
-        included, so the overhead is a little above a piece's: the cut leans to fewer pieces."""
-        import numpy as np
-        from scipy.optimize import nnls
-
+        included, so its overhead is above a piece's (module docstring)."""
         points = [(t.batch, t.seq_len, t.step_seconds) for t in trials
                   if getattr(t, "ok", False) and getattr(t, "seq_len", None) and getattr(t, "step_seconds", None)
                   and getattr(t, "steady", None) is not False and getattr(t, "measured", True)]
