@@ -3,7 +3,7 @@
 A fresh worker pays a TensorFlow import before it builds the model (8-20 s on two busy cores); the
 search starts several. The server imports TensorFlow and Keras, runs nothing, and forks a child per
 worker, which then runs `worker_child.worker_main()` exactly as
-`python -m edgebatch.probing.worker` would.
+`python -m edgebatch.probing.worker_main` would.
 
 What a child measures must match a fresh process, so each child first touches the file-backed
 pages the server has resident (resident_file_pages); where /proc/self/pagemap cannot be read the

@@ -357,7 +357,7 @@ def spawn_worker(setup: WorkerSetup, command: list[str] | None = None, server=No
         process = server.spawn(env, stderr_file.fileno())  # in a session of its own, like the Popen below
     else:
         process = subprocess.Popen(
-            command or [sys.executable, "-m", "edgebatch.probing.worker"],
+            command or [sys.executable, "-m", "edgebatch.probing.worker_main"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr_file,
@@ -440,7 +440,3 @@ def _kill(process) -> None:
     else:
         process.kill()
         process.wait()
-
-
-if __name__ == "__main__":
-    run_and_exit()

@@ -3,7 +3,7 @@
 A worker reads one JSON line of setup (worker.WorkerSetup), builds the model and says what it is
 (`identity`), traces the step and runs any prewarm (`ready`), then answers one JSON line per trial
 until its input closes. Every protocol line it writes starts with PREFIX. worker_main runs those
-steps and run_and_exit ends the process with its code, for `python -m edgebatch.probing.worker`
+steps and run_and_exit ends the process with its code, for `python -m edgebatch.probing.worker_main`
 and a fork-server child (forkserver.py) alike. The measure names (measure_of, MEASURE_FIELDS,
 BASELINE_FIELDS) and a trial's defaults live here too; worker.py re-exports what others import.
 """
