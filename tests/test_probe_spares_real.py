@@ -83,5 +83,5 @@ def test_an_interrupt_while_spares_wait_leaves_no_worker(tmp_path, monkeypatch):
     if no_room:
         pytest.skip(f"the room had shrunk by the time the probe started: {no_room[0]}")
     assert len(announced) == 1 and int(announced[0]) >= 1, announced
-    spares_seen = [cmdline for cmdline in alive_at_interrupt if "edgebatch.probing.worker" in cmdline]
+    spares_seen = [cmdline for cmdline in alive_at_interrupt if "edgebatch.probing.worker_main" in cmdline]
     assert len(spares_seen) == int(announced[0]), f"{announced[0]} spare(s) were waiting: {alive_at_interrupt}"
