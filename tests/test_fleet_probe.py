@@ -167,12 +167,12 @@ def test_a_port_that_answers_but_is_no_cluster_ends_within_the_connect_timeout(t
 
 
 @pytest.mark.slow
-def test_ctrl_c_while_ray_connects_stops_the_probe_at_once(tmp_path, silent_port):
+def test_ctrl_c_while_ray_connects_stops_the_probe_at_once(tmp_path, silent_port, terminal_signals):
     pytest.importorskip("ray")
     child = subprocess.Popen(
         [sys.executable, "-m", "edgebatch", "fleet", "probe", "--address", f"127.0.0.1:{silent_port}",
          "--connect-timeout", "300", "--model", "mlp", "--profiles-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=terminal_signals)
     try:
         time.sleep(8)  # Ray imported, ray.init under way
         sent = time.monotonic()

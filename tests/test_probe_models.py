@@ -70,18 +70,6 @@ def processes_with_marker(marker):
     return found
 
 
-def _stop_signals_as_at_a_terminal() -> None:
-    """In the child before exec: SIGINT's and SIGTERM's defaults, as a probe run from a terminal has them.
-
-    A job a non-interactive shell starts in the background (`pytest ... &`) inherits SIGINT
-    ignored; Python then installs no KeyboardInterrupt handler, and the probe, like any program,
-    rightly ignores the signal. CI's run of the suite at 3fb105c failed exactly so (the test
-    waited 60 s for an exit that could not come), and pytest started with `&` here did the same. (`edgebatch` likewise leaves an ignored SIGTERM ignored: cli_errors.sigterm_raises.)
-    """
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def _why_it_did_not_stop(process, marker, seen) -> str:
     """What a probe that outlived its signal's 60 s was doing: where its threads were (SIGABRT makes
     faulthandler print them), or, where it had exited, that something else held its pipes open.
@@ -110,14 +98,14 @@ def _why_it_did_not_stop(process, marker, seen) -> str:
 @pytest.mark.parametrize(("signum", "exit_code", "said"), [(signal.SIGINT, 130, "interrupted"),
                                                            (signal.SIGTERM, 143, "terminated (SIGTERM)")],
                          ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_or_sigterm_stops_workers_and_writes_nothing(tmp_path, signum, exit_code, said):
+def test_ctrl_c_or_sigterm_stops_workers_and_writes_nothing(tmp_path, signum, exit_code, said, terminal_signals):
     marker = f"EDGEBATCH_TEST_MARK={uuid.uuid4()}"
     # PYTHONFAULTHANDLER: a probe that does not stop is aborted and prints where each thread was.
     env = {**os.environ, marker.split("=")[0]: marker.split("=")[1], "PYTHONFAULTHANDLER": "1"}
     args = [sys.executable, "-m", "edgebatch", "probe", "--model", "small_cnn", "--memory-budget", "3GiB",
             "--device", "CPU:0", "--profiles-dir", str(tmp_path)]
     process = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                               preexec_fn=_stop_signals_as_at_a_terminal)
+                               preexec_fn=terminal_signals)
     deadline = time.time() + 300
     seen = []
     for line in process.stderr:  # wait until trials are running
